@@ -1,0 +1,103 @@
+"""`gpumgr place`: replay a workload of requests on an empty node and print the choices as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from gpumgr.commands.common import add_node_source, load_inventory
+from gpumgr.docfile import Doc, load_doc
+
+STEP_KINDS = ("pod", "release", "unhealthy", "healthy")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("place", help="replay pod requests on an empty node and print where they land")
+    add_node_source(p)
+    p.add_argument("--workload", required=True, metavar="W.json",
+                   help='{"steps":[{"pod":"a","vcuda_core":200,"vcuda_memory":0},{"release":"a"},...]}')
+    p.add_argument("--memory-unit-mib", type=int, default=256, help="MiB per vcuda-memory unit (default 256)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpumgr.docfile import InputError
+
+    if args.memory_unit_mib <= 0:
+        raise InputError(f"--memory-unit-mib must be positive, got {args.memory_unit_mib}")
+    doc = load_doc(args.workload)
+    steps = parse_steps(doc)
+    inv = load_inventory(args)
+    print(json.dumps(replay(inv, steps, args.memory_unit_mib), indent=1))
+    return 0
+
+
+def parse_steps(doc: Doc) -> list[dict[str, Any]]:
+    data = doc.data
+    if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
+        raise doc.error((), 'expected an object {"steps": [...]}')
+    out = []
+    for i, step in enumerate(data["steps"]):
+        at = ("steps", i)
+        if not isinstance(step, dict):
+            raise doc.error(at, "each step must be an object")
+        kinds = [k for k in STEP_KINDS if k in step]
+        if len(kinds) != 1:
+            raise doc.error(at, f"a step needs exactly one of {', '.join(STEP_KINDS)}")
+        kind = kinds[0]
+        allowed = {"pod", "vcuda_core", "vcuda_memory"} if kind == "pod" else {kind}
+        extra = sorted(set(step) - allowed)
+        if extra:
+            raise doc.error((*at, extra[0]), f"unknown key in a {kind} step")
+        if kind in ("pod", "release") and (not isinstance(step[kind], str) or not step[kind]):
+            raise doc.error((*at, kind), "must be a non-empty string")
+        if kind in ("unhealthy", "healthy") and (isinstance(step[kind], bool) or not isinstance(step[kind], int)):
+            raise doc.error((*at, kind), "must be a card index (whole number)")
+        if kind == "pod":
+            for key in ("vcuda_core", "vcuda_memory"):
+                v = step.get(key, 0)
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise doc.error((*at, key), f"must be a whole number, got {v!r}")
+        out.append(step)
+    return out
+
+
+def replay(inv: Any, steps: list[dict[str, Any]], unit_mib: int) -> dict[str, Any]:
+    from gpumgr.allocator import Allocation, InvalidRequest, Ledger, LedgerError, NoFit, Request, choose
+    from gpumgr.topology import Topology
+
+    topo = Topology(inv.levels)
+    ledger = Ledger(g.memory_mib for g in inv.gpus)
+    results: list[dict[str, Any]] = []
+    for step in steps:
+        if "release" in step:
+            ledger.release(step["release"])
+            results.append({"release": step["release"]})
+        elif "unhealthy" in step or "healthy" in step:
+            kind = "unhealthy" if "unhealthy" in step else "healthy"
+            idx = step[kind]
+            try:
+                ledger.set_healthy(idx, kind == "healthy")
+                results.append({kind: idx})
+            except LedgerError as e:
+                results.append({kind: idx, "error": str(e)})
+        else:
+            pod = step["pod"]
+            req = Request(cores=step.get("vcuda_core", 0), memory_mib=step.get("vcuda_memory", 0) * unit_mib)
+            held = ledger.held_by(pod)
+            if held:
+                results.append({"pod": pod, "error": f"{pod} already holds cards {list(held.cards)}"})
+                continue
+            try:
+                placed = choose(topo, ledger, req)
+                ledger.assign(Allocation(key=pod, cards=placed.cards, cores=req.cores, memory_mib=req.memory_mib))
+                results.append({"pod": pod, "gpus": list(placed.cards), "evaluator": placed.evaluator})
+            except (InvalidRequest, NoFit, LedgerError) as e:
+                results.append({"pod": pod, "error": str(e)})
+    cards = [
+        {"index": c.index, "free_cores": c.free_cores, "free_memory_mib": c.free_memory_mib,
+         "mode": c.mode, "healthy": c.healthy}
+        for c in ledger.cards
+    ]
+    return {"steps": results, "cards": cards}

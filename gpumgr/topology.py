@@ -1,0 +1,146 @@
+"""Cost matrix and cost tree of a node's GPUs (networkx).
+
+The tree groups GPUs by the link that joins them (single-linkage over the level order). Where the pairwise
+levels form a hierarchy (every PCIe-only topology, and NVLink pairs inside a PCIe hierarchy), the lowest common
+ancestor of any two GPUs carries exactly their pairwise level. An NVLink mesh such as the DGX-1 hybrid cube mesh is
+not a hierarchy: there a group is labelled with the worst link inside it, and the allocator uses the pairwise
+costs, never the tree alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import networkx as nx
+
+from gpumgr import levels as lv
+
+
+class Topology:
+    """Pairwise levels of N GPUs, with derived keys, costs, graph and tree."""
+
+    def __init__(self, levels: Sequence[Sequence[str]]):
+        n = len(levels)
+        rows: list[tuple[str, ...]] = []
+        for i, row in enumerate(levels):
+            if len(row) != n:
+                raise ValueError(f"level matrix row {i} has {len(row)} entries, expected {n}")
+            rows.append(tuple("X" if i == j else lv.normalize(row[j]) for j in range(n)))
+        for i, j in itertools.combinations(range(n), 2):
+            if rows[i][j] != rows[j][i]:
+                raise ValueError(f"level matrix is not symmetric at GPU{i}-GPU{j}: {rows[i][j]} vs {rows[j][i]}")
+        self.levels: tuple[tuple[str, ...], ...] = tuple(rows)
+        self.n = n
+        self.keys: tuple[tuple[lv.LevelKey, ...], ...] = tuple(
+            tuple((-1, 0) if i == j else lv.key(rows[i][j]) for j in range(n)) for i in range(n)
+        )
+        self.costs: tuple[tuple[float, ...], ...] = tuple(
+            tuple(0.0 if i == j else lv.cost(rows[i][j]) for j in range(n)) for i in range(n)
+        )
+
+    # -- pairwise -------------------------------------------------------------------------------------------
+    def worst(self, gpus: Iterable[int]) -> lv.LevelKey:
+        """Worst link key among a set (a single card has no link: (-1, 0))."""
+        g = list(gpus)
+        return max((self.keys[a][b] for a, b in itertools.combinations(g, 2)), default=(-1, 0))
+
+    def total_cost(self, gpus: Iterable[int]) -> float:
+        g = list(gpus)
+        return sum(self.costs[a][b] for a, b in itertools.combinations(g, 2))
+
+    def distinct_keys(self) -> list[lv.LevelKey]:
+        return sorted({self.keys[i][j] for i in range(self.n) for j in range(self.n) if i != j})
+
+    @cached_property
+    def graph(self) -> nx.Graph:
+        """Complete graph of the GPUs, edges weighted by cost and labelled with level and key."""
+        g = nx.Graph()
+        g.add_nodes_from(range(self.n))
+        for a, b in itertools.combinations(range(self.n), 2):
+            g.add_edge(a, b, level=self.levels[a][b], key=self.keys[a][b], weight=self.costs[a][b])
+        return g
+
+    def is_hierarchy(self) -> bool:
+        """True when the levels are an ultrametric: the tree then reproduces every pair exactly."""
+        k = self.keys
+        return all(
+            k[a][c] <= max(k[a][b], k[b][c]) for a, b, c in itertools.permutations(range(self.n), 3)
+        )
+
+    # -- tree -----------------------------------------------------------------------------------------------
+    @cached_property
+    def tree(self) -> TreeNode:
+        root = TreeNode(level="ROOT", gpus=tuple(range(self.n)))
+        if self.n == 1:
+            root.children.append(TreeNode(level="GPU", gpus=(0,)))
+        elif self.n > 1:
+            root.children.append(self._group(frozenset(range(self.n))))
+        return root
+
+    @cached_property
+    def tree_graph(self) -> nx.DiGraph:
+        """The tree as a networkx DiGraph: node ids are tuples of GPUs, attribute `level`."""
+        t = nx.DiGraph()
+
+        def walk(node: TreeNode, parent: tuple[int, ...] | str | None) -> None:
+            nid: tuple[int, ...] | str = "ROOT" if node.level == "ROOT" else node.gpus
+            t.add_node(nid, level=node.level, gpus=node.gpus)
+            if parent is not None:
+                t.add_edge(parent, nid)
+            for c in node.children:
+                walk(c, nid)
+
+        walk(self.tree, None)
+        return t
+
+    def _group(self, members: frozenset[int]) -> TreeNode:
+        if len(members) == 1:
+            (g,) = members
+            return TreeNode(level="GPU", gpus=(g,))
+        ordered = sorted(members)
+        worst = self.worst(ordered)
+        # single linkage: the smallest threshold that connects the members, then split below it
+        threshold = self._bottleneck(ordered)
+        parts = self._components(ordered, below=threshold)
+        node = TreeNode(level=lv.name(worst), gpus=tuple(ordered))
+        for part in sorted(parts, key=min):
+            node.children.append(self._group(part))
+        return node
+
+    def _bottleneck(self, members: list[int]) -> lv.LevelKey:
+        for t in self.distinct_keys():
+            if len(self._components(members, below=t, inclusive=True)) == 1:
+                return t
+        raise AssertionError("complete graph is always connected")
+
+    def _components(self, members: list[int], below: lv.LevelKey, inclusive: bool = False) -> list[frozenset[int]]:
+        g = nx.Graph()
+        g.add_nodes_from(members)
+        for a, b in itertools.combinations(members, 2):
+            k = self.keys[a][b]
+            if k < below or (inclusive and k == below):
+                g.add_edge(a, b)
+        return [frozenset(c) for c in nx.connected_components(g)]
+
+    def group_of(self, gpus: Iterable[int]) -> TreeNode:
+        """Smallest tree group containing all the given GPUs."""
+        want = set(gpus)
+        node = self.tree
+        while True:
+            nxt = [c for c in node.children if want <= set(c.gpus)]
+            if not nxt:
+                return node
+            node = nxt[0]
+
+
+@dataclass
+class TreeNode:
+    level: str  # ROOT, GPU, or the level joining the group's members
+    gpus: tuple[int, ...]
+    children: list[TreeNode] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return {"level": self.level, "gpus": list(self.gpus), "children": [c.to_json() for c in self.children]}
