@@ -1,0 +1,112 @@
+"""What a pod asks for and what is recorded on it: resource names, annotation keys, and readers for pod JSON.
+
+Pods are handled as API JSON (camelCase dicts), the form the scheduler sends to the extender and the form
+`ApiClient.sanitize_for_serialization` gives for client objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+RESOURCE_CORE = "tencent.com/vcuda-core"
+RESOURCE_MEMORY = "tencent.com/vcuda-memory"
+
+ANN_CORE_LIMIT = "tencent.com/vcuda-core-limit"  # soft-limit ceiling (percent), set by users
+ANN_PREDICATE_IDX = "tencent.com/predicate-gpu-idx-"  # + container index; value: comma-joined card minors
+ANN_PREDICATE_NODE = "tencent.com/predicate-node"
+ANN_PREDICATE_TIME = "tencent.com/predicate-time"  # UnixNano of the extender's decision
+ANN_ASSIGNED = "tencent.com/gpu-assigned"  # "false" after bind, "true" once the agent verified the pod
+
+ANN_GPU_MODEL = "gpumgr.io/gpu-model"  # pod: comma list of accepted models
+ANN_GPU_MODEL_EXCLUDE = "gpumgr.io/gpu-model-exclude"  # pod: comma list of refused models
+ANN_NODE_INVENTORY = "gpumgr.io/gpu-inventory"  # node: JSON published by the agent (see docs/annotations.md)
+
+
+def quantity(value: Any) -> int:
+    """Extended resources are whole numbers; accept ints and their string forms."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        raise ValueError(f"not a quantity: {value!r}")
+    if isinstance(value, int):
+        return value
+    text = str(value).strip()
+    if text.isdigit():
+        return int(text)
+    raise ValueError(f"not a whole-number quantity: {value!r}")
+
+
+def container_ask(container: Mapping[str, Any], index: int, init: bool = False) -> ContainerAsk:
+    res = container.get("resources") or {}
+    limits = res.get("limits") or {}
+    requests = res.get("requests") or {}
+
+    def get(name: str) -> int:
+        return quantity(limits.get(name, requests.get(name)))
+
+    return ContainerAsk(index=index, name=str(container.get("name", "")), cores=get(RESOURCE_CORE),
+                        memory_units=get(RESOURCE_MEMORY), init=init)
+
+
+def gpu_containers(pod: Mapping[str, Any], include_init: bool = False) -> list[ContainerAsk]:
+    """The pod's containers that ask for vcuda-core, in spec order (index = position in spec.containers)."""
+    spec = pod.get("spec") or {}
+    out = []
+    if include_init:
+        for i, c in enumerate(spec.get("initContainers") or []):
+            ask = container_ask(c, i, init=True)
+            if ask.cores > 0:
+                out.append(ask)
+    for i, c in enumerate(spec.get("containers") or []):
+        ask = container_ask(c, i)
+        if ask.cores > 0:
+            out.append(ask)
+    return out
+
+
+def is_gpu_pod(pod: Mapping[str, Any]) -> bool:
+    return bool(gpu_containers(pod, include_init=True))
+
+
+def pod_annotations(pod: Mapping[str, Any]) -> dict[str, str]:
+    return dict((pod.get("metadata") or {}).get("annotations") or {})
+
+
+def predicate_minors(pod: Mapping[str, Any], container_index: int) -> list[int] | None:
+    """Card minors the extender recorded for a container, or None."""
+    raw = pod_annotations(pod).get(f"{ANN_PREDICATE_IDX}{container_index}")
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return [int(x) for x in raw.split(",") if x.strip() != ""]
+    except ValueError:
+        return None
+
+
+def model_filter(pod: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """(accepted models, refused models) from the pod's annotations; empty lists mean no constraint."""
+    ann = pod_annotations(pod)
+
+    def split(key: str) -> list[str]:
+        return [m.strip() for m in ann.get(key, "").split(",") if m.strip()]
+
+    return split(ANN_GPU_MODEL), split(ANN_GPU_MODEL_EXCLUDE)
+
+
+def model_matches(model: str, accepted: list[str], refused: list[str]) -> bool:
+    """Case-insensitive substring match, so "A100" matches "NVIDIA A100-SXM4-40GB"."""
+    m = model.lower()
+    if refused and any(r.lower() in m for r in refused):
+        return False
+    return not accepted or any(a.lower() in m for a in accepted)
+
+
+@dataclass(frozen=True)
+class ContainerAsk:
+    index: int  # position in spec.containers (or spec.initContainers when init)
+    name: str
+    cores: int  # vcuda-core
+    memory_units: int  # vcuda-memory units
+    init: bool = False
