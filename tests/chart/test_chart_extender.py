@@ -1,0 +1,87 @@
+"""The extender Deployment and its Service: flags of `gpumgr extender`, probes, replicas, reachability."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .support import PREFIX, VARIANTS, container, flags, positional, render, selects
+
+EXTENDER = f"{PREFIX}-extender"
+
+
+def test_default_extender() -> None:
+    rendered = render()
+    deployment = rendered.get("Deployment", EXTENDER)
+    c = container(deployment, "extender")
+    assert deployment["spec"]["replicas"] == 1
+    assert c["command"] == ["gpumgr"]
+    assert positional(c["args"]) == ["extender"]
+    assert flags(c["args"]) == {
+        "listen": "0.0.0.0:3456",
+        "url-prefix": "/gpumgr",
+        "policy": "binpack",
+        "log-level": "info",
+    }
+
+
+def test_spread_policy_and_replicas() -> None:
+    deployment = render(VARIANTS["spread"]).get("Deployment", EXTENDER)
+    assert deployment["spec"]["replicas"] == 3
+    assert flags(container(deployment, "extender")["args"])["policy"] == "spread"
+
+
+def test_probes_and_port() -> None:
+    c = container(render().get("Deployment", EXTENDER), "extender")
+    assert c["ports"] == [{"name": "http", "containerPort": 3456, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+
+
+def test_extender_runs_unprivileged() -> None:
+    deployment = render().get("Deployment", EXTENDER)
+    security = container(deployment, "extender")["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert not pod.get("hostPID") and not pod.get("hostNetwork") and "volumes" not in pod
+
+
+def service_reaches_extender(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    rendered = render(values)
+    service = rendered.get("Service", EXTENDER)
+    deployment = rendered.get("Deployment", EXTENDER)
+    assert selects(service["spec"]["selector"], deployment["spec"]["template"]["metadata"]["labels"])
+    other_pods = [o for o in rendered.objects if o["kind"] in {"DaemonSet", "Deployment"} and o is not deployment]
+    for other in other_pods:
+        assert not selects(service["spec"]["selector"], other["spec"]["template"]["metadata"]["labels"])
+    return service, deployment
+
+
+def test_service_routes_port_3456_to_the_extender_only() -> None:
+    service, deployment = service_reaches_extender({})
+    assert service["spec"]["type"] == "ClusterIP"
+    (port,) = service["spec"]["ports"]
+    container_ports = {p["name"]: p["containerPort"] for p in container(deployment, "extender")["ports"]}
+    assert port["port"] == 3456
+    assert container_ports[port["targetPort"]] == 3456
+
+
+def test_custom_port_and_prefix_follow_through() -> None:
+    values = {"extender": {"port": 8888, "urlPrefix": "/sched/gpu"}}
+    service, deployment = service_reaches_extender(values)
+    args = flags(container(deployment, "extender")["args"])
+    assert args["listen"] == "0.0.0.0:8888"
+    assert args["url-prefix"] == "/sched/gpu"
+    assert service["spec"]["ports"][0]["port"] == 8888
+
+
+def test_node_port_service() -> None:
+    service, _ = service_reaches_extender(VARIANTS["operator-extras"])
+    assert service["spec"]["type"] == "NodePort"
+    assert service["spec"]["ports"][0]["nodePort"] == 31456
+
+
+def test_extender_placement() -> None:
+    pod = render(VARIANTS["custom-placement"]).get("Deployment", EXTENDER)["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
