@@ -1,0 +1,269 @@
+"""The resources the test API server knows, and the rules it applies to objects on create and update.
+
+Pure functions on JSON dicts: the caller (the store) supplies time, UIDs and name suffixes and holds the lock.
+Rules follow the real API server where our clients could notice the difference:
+- create drops `status` of pods (a new pod is `Pending`), keeps it for nodes, applies a few pod defaults;
+- an update of the main resource keeps the old `status`; the `status` subresource changes only `status`;
+- a pod's spec is immutable apart from images, tolerations, `activeDeadlineSeconds` and scheduling gates;
+  `spec.nodeName` is set only by a binding;
+- labels and annotations must be string maps (400 otherwise), names must be DNS subdomains (422).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpumgr.sim.kubeapi.errors import ApiError, bad_request, invalid
+
+FieldGetter = Callable[[dict[str, Any]], str]
+
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_POD_MUTABLE_SPEC = frozenset({"activeDeadlineSeconds", "tolerations", "schedulingGates",
+                               "terminationGracePeriodSeconds"})
+
+
+@functools.cache
+def resource_kinds() -> Mapping[str, ResourceKind]:
+    """Resource plural -> how the server treats it."""
+    pods = ResourceKind(
+        plural="pods", kind="Pod", namespaced=True, has_status=True, returns_deleted_object=True,
+        fields=_getters("metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
+                        "spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork", "status.phase",
+                        "status.podIP", "status.nominatedNodeName"))
+    nodes = ResourceKind(
+        plural="nodes", kind="Node", namespaced=False, has_status=True, returns_deleted_object=False,
+        fields=_getters("metadata.name", "spec.unschedulable"))
+    events = ResourceKind(
+        plural="events", kind="Event", namespaced=True, has_status=False, returns_deleted_object=False,
+        fields=_getters("metadata.name", "metadata.namespace", "involvedObject.kind",
+                        "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
+                        "involvedObject.apiVersion", "involvedObject.resourceVersion",
+                        "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"))
+    return types.MappingProxyType({k.plural: k for k in (pods, nodes, events)})
+
+
+def _getters(*paths: str) -> Mapping[str, FieldGetter]:
+    return types.MappingProxyType({p: _getter(p) for p in paths})
+
+
+def _getter(path: str) -> FieldGetter:
+    keys = path.split(".")
+
+    def get(obj: dict[str, Any]) -> str:
+        cur: Any = obj
+        for key in keys:
+            cur = cur.get(key) if isinstance(cur, dict) else None
+        if cur is None:
+            return ""
+        if isinstance(cur, bool):
+            return "true" if cur else "false"
+        if isinstance(cur, dict):  # an event's `source` selects on its component
+            return str(cur.get("component", ""))
+        return str(cur)
+
+    return get
+
+
+def check_namespace(namespace: str) -> None:
+    if len(namespace) > 63 or not _LABEL.match(namespace):
+        raise bad_request(f"invalid namespace {namespace!r}: must be a DNS label "
+                          "(lowercase letters, digits, '-')")
+
+
+def decode_body(kind: ResourceKind, body: Any) -> dict[str, Any]:
+    """Check the shape of a request object: a JSON object of the right kind with string-map metadata."""
+    if not isinstance(body, dict):
+        raise bad_request(f"the body of a {kind.kind} request must be a JSON object")
+    if body.get("kind") not in (None, "", kind.kind):
+        raise bad_request(f"the kind in the body ({body.get('kind')}) does not match the expected kind "
+                          f"{kind.kind}")
+    if body.get("apiVersion") not in (None, "", "v1"):
+        raise bad_request(f"the API version in the body ({body.get('apiVersion')}) does not match the "
+                          "expected API version (v1)")
+    check_metadata_types(body)
+    return body
+
+
+def check_metadata_types(obj: dict[str, Any]) -> None:
+    meta = obj.get("metadata", {})
+    if meta is None:
+        return
+    if not isinstance(meta, dict):
+        raise bad_request("metadata must be a JSON object")
+    for key in ("name", "namespace", "generateName", "resourceVersion", "uid"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise bad_request(f"metadata.{key} must be a string, got {type(meta[key]).__name__}")
+    for key in ("labels", "annotations"):
+        value = meta.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise bad_request(f"metadata.{key} must be an object of strings")
+        for k, v in value.items():
+            if not isinstance(v, str):
+                raise bad_request(f"metadata.{key}[{k!r}] must be a string, got {type(v).__name__} "
+                                  f"({json_type_hint(v)})")
+
+
+def json_type_hint(value: Any) -> str:
+    return "quote the value" if isinstance(value, int | float | bool) else "use a string"
+
+
+def validate(kind: ResourceKind, obj: dict[str, Any]) -> None:
+    """Field validation that the real server answers with 422 Invalid."""
+    meta = obj["metadata"]
+    name = meta["name"]
+    if len(name) > 253 or not _SUBDOMAIN.match(name):
+        raise invalid(kind.plural, name, f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 "
+                      "subdomain must consist of lower case alphanumeric characters, '-' or '.'")
+    for key, value in (meta.get("labels") or {}).items():
+        if len(value) > 63 or not _LABEL_VALUE.match(value):
+            raise invalid(kind.plural, name, f"metadata.labels: Invalid value: {value!r} (label {key!r})")
+    if kind.plural == "pods":
+        containers = (obj.get("spec") or {}).get("containers")
+        if not isinstance(containers, list) or not containers:
+            raise invalid(kind.plural, name, "spec.containers: Required value")
+        seen: set[str] = set()
+        for i, c in enumerate(containers + list((obj.get("spec") or {}).get("initContainers") or [])):
+            cname = c.get("name") if isinstance(c, dict) else None
+            if not isinstance(cname, str) or not cname:
+                raise invalid(kind.plural, name, f"spec.containers[{i}].name: Required value")
+            if cname in seen:
+                raise invalid(kind.plural, name, f"spec.containers[{i}].name: Duplicate value: {cname!r}")
+            seen.add(cname)
+    if kind.plural == "events" and not isinstance(obj.get("involvedObject"), dict):
+        raise invalid(kind.plural, name, "involvedObject: Required value")
+
+
+def prepare_create(kind: ResourceKind, body: dict[str, Any], namespace: str | None, *, uid: str, now: str,
+                   name_suffix: str) -> dict[str, Any]:
+    """The object to store for a create request (without resourceVersion, which the store assigns)."""
+    obj = copy.deepcopy(body)
+    obj["kind"], obj["apiVersion"] = kind.kind, "v1"
+    meta = obj.setdefault("metadata", {}) or {}
+    obj["metadata"] = meta
+    if meta.get("resourceVersion"):
+        raise bad_request("resourceVersion should not be set on objects to be created")
+    if kind.namespaced:
+        assert namespace is not None
+        if meta.get("namespace") not in (None, "", namespace):
+            raise bad_request("the namespace of the provided object does not match the namespace sent on "
+                              "the request")
+        meta["namespace"] = namespace
+    else:
+        meta.pop("namespace", None)
+    if not meta.get("name"):
+        if not meta.get("generateName"):
+            raise invalid(kind.plural, "", "metadata.name: Required value: name or generateName is required")
+        meta["name"] = meta["generateName"] + name_suffix
+    meta["uid"] = uid
+    meta["creationTimestamp"] = now
+    for key in ("deletionTimestamp", "deletionGracePeriodSeconds", "managedFields"):
+        meta.pop(key, None)
+    if kind.plural == "pods":
+        spec = obj.setdefault("spec", {})
+        if isinstance(spec, dict):
+            spec.setdefault("schedulerName", "default-scheduler")
+            spec.setdefault("restartPolicy", "Always")
+            spec.setdefault("dnsPolicy", "ClusterFirst")
+            spec.setdefault("terminationGracePeriodSeconds", 30)
+        obj["status"] = {"phase": "Pending"}
+    if kind.plural == "events":
+        obj.setdefault("firstTimestamp", now)
+        obj.setdefault("lastTimestamp", now)
+        obj.setdefault("count", 1)
+    validate(kind, obj)
+    return obj
+
+
+def prepare_update(kind: ResourceKind, old: dict[str, Any], new: dict[str, Any], *,
+                   status_only: bool) -> dict[str, Any]:
+    """The object to store when `new` replaces `old` (through the main resource or its status)."""
+    name = old["metadata"]["name"]
+    new_meta = new.get("metadata") or {}
+    if new_meta.get("name") not in (None, name):
+        raise bad_request(f"the name of the object ({new_meta.get('name')}) does not match the name on the "
+                          f"URL ({name})")
+    if new_meta.get("uid") not in (None, "", old["metadata"]["uid"]):
+        raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {kind.plural} "{name}": '
+                       f"Precondition failed: UID in precondition: {new_meta['uid']}, UID in object meta: "
+                       f"{old['metadata']['uid']}", {"name": name, "kind": kind.plural})
+    if kind.namespaced and new_meta.get("namespace") not in (None, "", old["metadata"]["namespace"]):
+        raise bad_request("the namespace of the provided object does not match the namespace sent on the "
+                          "request")
+    if status_only:
+        result = copy.deepcopy(old)
+        if "status" in new:
+            result["status"] = copy.deepcopy(new["status"])
+        else:
+            result.pop("status", None)
+        return result
+    result = copy.deepcopy(new)
+    result["kind"], result["apiVersion"] = kind.kind, "v1"
+    meta = result.setdefault("metadata", {})
+    for key in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"):
+        if key in old["metadata"]:
+            meta[key] = old["metadata"][key]
+    if kind.has_status:
+        if "status" in old:
+            result["status"] = copy.deepcopy(old["status"])
+        else:
+            result.pop("status", None)
+    if kind.plural == "pods":
+        _check_pod_spec_change(name, old.get("spec") or {}, result.get("spec") or {})
+    validate(kind, result)
+    return result
+
+
+def _check_pod_spec_change(name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    if _pod_spec_fixed_part(old) != _pod_spec_fixed_part(new):
+        raise invalid("pods", name, "spec: Forbidden: pod updates may not change fields other than "
+                      "spec.containers[*].image, spec.initContainers[*].image, spec.activeDeadlineSeconds, "
+                      "spec.tolerations (only additions to existing tolerations), "
+                      "spec.terminationGracePeriodSeconds or spec.schedulingGates (set spec.nodeName "
+                      "through a Binding)")
+
+
+def _pod_spec_fixed_part(spec: dict[str, Any]) -> dict[str, Any]:
+    fixed = {k: v for k, v in spec.items() if k not in _POD_MUTABLE_SPEC}
+    for key in ("containers", "initContainers"):
+        if isinstance(fixed.get(key), list):
+            fixed[key] = [{k: v for k, v in c.items() if k != "image"} if isinstance(c, dict) else c
+                          for c in fixed[key]]
+    return fixed
+
+
+def bind(pod: dict[str, Any], node: str, annotations: dict[str, str], now: str) -> dict[str, Any]:
+    """The pod after a Binding to `node`: `spec.nodeName`, the binding's annotations, PodScheduled."""
+    result = copy.deepcopy(pod)
+    result.setdefault("spec", {})["nodeName"] = node
+    if annotations:
+        result["metadata"].setdefault("annotations", {}).update(annotations)
+    status = result.setdefault("status", {})
+    conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+    conditions.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                       "lastTransitionTime": now})
+    status["conditions"] = conditions
+    return result
+
+
+@dataclass(frozen=True)
+class ResourceKind:
+    plural: str
+    kind: str
+    namespaced: bool
+    has_status: bool
+    returns_deleted_object: bool
+    fields: Mapping[str, FieldGetter] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def list_kind(self) -> str:
+        return self.kind + "List"

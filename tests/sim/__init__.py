@@ -1,0 +1,1 @@
+"""Tests of the simulation pieces (API server, kubelet emulator)."""
