@@ -1,0 +1,26 @@
+"""A change signal: state owners call `notify()`; observers wait until a predicate over that state holds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+
+class ChangeSignal:
+    """Wakes every waiter on each `notify()`; safe to call from synchronous code in the event loop."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float) -> None:
+        """Return once `predicate()` is true; raise TimeoutError after `timeout` seconds."""
+
+        async def _until() -> None:
+            while not predicate():
+                await self._event.wait()
+
+        await asyncio.wait_for(_until(), timeout)
