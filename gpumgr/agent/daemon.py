@@ -1,0 +1,173 @@
+"""The node agent: wires discovery, state, recovery, the plugins, vDevice servers, health and metrics.
+
+Start order: discover the cards; load the checkpoint; sync the pod cache; reconcile (free, restore, restart
+vDevice servers); publish the node's GPU inventory; serve and register the plugins; then keep reconciling every
+check period and whenever pods change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from gpumgr import node_inventory, podspec
+from gpumgr.agent.config import AgentConfig
+from gpumgr.agent.reconcile import reconcile
+from gpumgr.agent.service import AllocationService, ServiceConfig
+from gpumgr.agent.state import NodeState
+from gpumgr.checkpoint import CheckpointError, CheckpointStore
+from gpumgr.deviceplugin.response import ResponseConfig
+from gpumgr.deviceplugin.servicer import PluginServicer
+from gpumgr.deviceplugin.supervisor import PluginSpec, PluginSupervisor
+from gpumgr.devices.backend import Backend
+from gpumgr.kube.client import KubeClient
+from gpumgr.kube.pod_cache import PodCache
+from gpumgr.vdevice.layout import VDeviceLayout
+from gpumgr.vdevice.server import VDeviceManager
+
+log = logging.getLogger("gpumgr.agent")
+
+POD_SYNC_TIMEOUT_S = 30.0
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, backend: Backend, kube: KubeClient):
+        self.config = config
+        self.backend = backend
+        self.kube = kube
+        self.state: NodeState | None = None
+        self.service: AllocationService | None = None
+        self.supervisor: PluginSupervisor | None = None
+        self.pods: PodCache | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._poke = asyncio.Event()
+        self.started = False
+
+    @property
+    def ready(self) -> bool:
+        return self.started and self.supervisor is not None and self.supervisor.ready
+
+    async def start(self) -> None:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        inv = await loop.run_in_executor(None, self.backend.inventory)
+        log.info("node %s: %d GPUs (%s), driver %s", cfg.node_name, inv.count,
+                 ", ".join(sorted({g.name for g in inv.gpus})), inv.driver_version or "?")
+        store = CheckpointStore(cfg.checkpoint_dir)
+        state = NodeState(cfg.node_name, inv, store, cfg.memory_unit_mib)
+        self._load_checkpoint(state, store)
+        self.state = state
+
+        self.pods = PodCache(self.kube, cfg.node_name)
+        def poke() -> None:
+            loop.call_soon_threadsafe(self._poke.set)
+
+        self.pods.start(on_change=poke)
+        synced = await self.pods.wait_synced(POD_SYNC_TIMEOUT_S)
+        if not synced:
+            log.error("pods on node %s not listed within %.0fs; carrying on, freeing nothing until they are",
+                      cfg.node_name, POD_SYNC_TIMEOUT_S)
+
+        layout = VDeviceLayout(cfg.vdevice_root)
+        vdevices = VDeviceManager(layout, cfg.proc_root)
+        self.service = AllocationService(
+            state, self.pods, layout, vdevices,
+            ServiceConfig(kubelet_checkpoint=cfg.kubelet_checkpoint,
+                          response=ResponseConfig(dev_root=cfg.dev_root, driver_root=cfg.driver_root,
+                                                  shim_dir=cfg.shim_dir, cdi=cfg.cdi)),
+            annotator=self.kube,
+        )
+        await reconcile(self.service, self.pods.synced, cfg.grace_s, "start")
+        await self.publish_inventory()
+
+        self.supervisor = PluginSupervisor(cfg.device_plugin_dir, [
+            PluginSpec(podspec.RESOURCE_CORE, "vcore.sock", PluginServicer(self.service, "c", podspec.RESOURCE_CORE)),
+            PluginSpec(podspec.RESOURCE_MEMORY, "vmemory.sock",
+                       PluginServicer(self.service, "m", podspec.RESOURCE_MEMORY)),
+        ])
+        await self.supervisor.start()
+        self._tasks.append(asyncio.create_task(self._reconcile_loop()))
+        self._tasks.append(asyncio.create_task(self._publish_loop()))
+        self.started = True
+
+    def _load_checkpoint(self, state: NodeState, store: CheckpointStore) -> None:
+        try:
+            res = store.load()
+        except CheckpointError as e:
+            log.error("%s; starting from the kubelet checkpoint and the live pods instead", e)
+            return
+        for p in res.problems:
+            log.error("checkpoint skipped: %s", p)
+        snap = res.snapshot
+        if snap is None:
+            log.info("no checkpoint in %s: first start", store.dir)
+            return
+        if [c.memory_mib for c in snap.ledger.cards] != [g.memory_mib for g in state.inventory.gpus]:
+            log.error("checkpoint %s describes other cards than this node has; rebuilding from the kubelet "
+                      "checkpoint and the live pods", snap.path)
+            return
+        state.ledger = snap.ledger
+        log.info("checkpoint generation %d loaded from %s: %d allocations", snap.generation, snap.path,
+                 len(snap.ledger.allocations))
+
+    async def _reconcile_loop(self) -> None:
+        assert self.service is not None and self.pods is not None
+        loop = asyncio.get_running_loop()
+        next_full = loop.time() + self.config.check_period_s
+        while True:
+            timeout = max(0.0, next_full - loop.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), timeout)
+            periodic = loop.time() >= next_full
+            if periodic:
+                next_full = loop.time() + self.config.check_period_s
+            else:
+                await asyncio.sleep(0.1)  # let a burst of pod changes settle
+            self._poke.clear()
+            try:
+                await reconcile(self.service, self.pods.synced, self.config.grace_s,
+                                "periodic" if periodic else "pods changed")
+            except Exception:  # noqa: BLE001 - the loop must go on
+                log.exception("reconcile failed")
+
+    async def publish_inventory(self) -> bool:
+        """The node annotation the extender reads: cards, links and which cards are unhealthy."""
+        assert self.state is not None
+        st = self.state
+        unhealthy = {i for i in st.health_reasons if not st.healthy(i)}
+        text = node_inventory.encode(st.inventory, unhealthy, st.memory_unit_mib)
+        try:
+            await self.kube.patch_node_metadata(self.config.node_name,
+                                                annotations={podspec.ANN_NODE_INVENTORY: text})
+        except Exception as e:  # noqa: BLE001 - retried by the publish loop
+            log.warning("publishing the GPU inventory on node %s failed: %s", self.config.node_name, e)
+            return False
+        return True
+
+    async def _publish_loop(self) -> None:
+        assert self.state is not None
+        st = self.state
+        seen = tuple(st.healthy(g.index) for g in st.inventory.gpus)
+        version = st.version
+        while True:
+            version = await st.wait_change(version, timeout=30)
+            now = tuple(st.healthy(g.index) for g in st.inventory.gpus)
+            if now == seen:
+                continue
+            if await self.publish_inventory():
+                seen = now
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self.supervisor:
+            await self.supervisor.stop()
+        if self.service:
+            await self.service.drain()
+            await self.service.vdevices.stop_all()
+        if self.pods:
+            self.pods.stop()

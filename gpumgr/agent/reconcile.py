@@ -1,0 +1,157 @@
+"""Bringing the ledger back to what the running pods really hold: at start, periodically, and when pods go.
+
+Sources: our checkpoint (already loaded into the ledger), the kubelet's checkpoint (read-only: who holds which
+device IDs) and the live pods on this node. Free what no live pod holds; restore what a live pod holds but the
+ledger lost; correct a guessed owner the kubelet contradicts; make sure every verified container's vDevice
+server runs and no stale one does. An allocation the kubelet has not recorded yet is kept for a grace period
+(its Allocate may have been answered just before a crash, before the kubelet wrote its file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpumgr import binding, podspec
+from gpumgr.agent.service import AllocationService
+from gpumgr.allocator import Allocation, Ledger, LedgerError
+from gpumgr.deviceplugin import ids as devids
+from gpumgr.kubelet_checkpoint import KubeletCheckpointError, read_kubelet_checkpoint
+from gpumgr.vdevice.layout import allocation_key
+
+log = logging.getLogger("gpumgr.reconcile")
+
+
+async def reconcile(service: AllocationService, pods_synced: bool, grace_s: float, why: str) -> Report:
+    state = service.state
+    report = Report(why=why)
+    loop = asyncio.get_running_loop()
+    try:
+        ckpt = await loop.run_in_executor(None, read_kubelet_checkpoint, service.config.kubelet_checkpoint)
+        kubelet_ok = True
+        entries = [e for e in ckpt.entries if e.resource_name == podspec.RESOURCE_CORE]
+    except KubeletCheckpointError as err:
+        log.error("reconcile (%s): kubelet checkpoint unreadable, freeing nothing on its account: %s", why, err)
+        kubelet_ok, entries = False, []
+    pods = {p["metadata"]["uid"]: p for p in service.pods.pods() if (p.get("metadata") or {}).get("uid")}
+    live = {uid for uid, p in pods.items() if binding.is_live(p)}
+    owners: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+    for entry in entries:
+        key = allocation_key(entry.device_ids)
+        # an app container reusing an init container's IDs: the app container owns them
+        if key not in owners or _is_app(pods.get(entry.pod_uid), entry.container_name):
+            owners[key] = (entry.pod_uid, entry.container_name, entry.device_ids)
+
+    now = time.time()
+    release: list[str] = []
+    for a in state.ledger.allocations.values():
+        owner = owners.get(a.key)
+        uid = owner[0] if owner else (a.meta.get("pod_uid") if a.meta.get("verified") == "true" else None)
+        if uid:
+            if pods_synced and uid not in pods:
+                release.append(a.key)
+                report.freed_gone += 1
+            elif uid in pods and uid not in live:
+                release.append(a.key)
+                report.freed_finished += 1
+        elif kubelet_ok and now - float(a.meta.get("created", "0") or 0) > grace_s:
+            release.append(a.key)  # never recorded by the kubelet: the admission failed or was never completed
+            report.freed_unrecorded += 1
+
+    restore: list[Allocation] = []
+    for key, (uid, cname, ids) in owners.items():
+        if uid not in live:
+            continue
+        have = state.ledger.held_by(key)
+        if have is not None and have.meta.get("pod_uid") == uid and have.meta.get("container") == cname:
+            continue
+        pod = pods[uid]
+        ask = binding.find_container(pod, cname)
+        if ask is None:
+            continue
+        try:
+            cards = tuple(sorted(devids.cards_of(state.inventory, ids, "c")))
+        except devids.BadDeviceID as e:
+            log.error("reconcile: kubelet checkpoint entry of pod %s container %s: %s", uid, cname, e)
+            continue
+        restore.append(service._allocation_for(binding.Candidate(pod, ask, None, ()), cards, key, verified=True))
+
+    if release or restore:
+        def apply(ledger: Ledger) -> None:
+            for k in release:
+                ledger.release(k)
+            for a in restore:
+                ledger.release(a.key)  # a guessed owner the kubelet contradicts
+                try:
+                    ledger.assign(a, check_health=False)
+                except LedgerError:
+                    _make_room(ledger, a, owners)
+                    try:
+                        ledger.assign(a, check_health=False)
+                    except LedgerError as e:
+                        report.conflicts.append(f"{a.meta.get('namespace')}/{a.meta.get('pod')} "
+                                                f"container {a.meta.get('container')}: {e}")
+                        continue
+                report.restored += 1
+
+        await state.commit(apply)
+        for k in release:
+            await service.vdevices.stop(k)
+    for c in report.conflicts:
+        log.error("reconcile (%s): the kubelet says a running pod holds cards the ledger cannot give it: %s", why, c)
+
+    # vDevice servers: every verified allocation of a live pod has one, nothing else does
+    running = service.vdevices.running()
+    for a in list(state.ledger.allocations.values()):
+        uid = a.meta.get("pod_uid", "")
+        if a.meta.get("verified") != "true" or uid not in live:
+            continue
+        limits = service.limits_for(a, pods[uid])
+        if running.get(a.key) != limits:
+            await service.vdevices.start(a.key, limits)
+            report.vdevices_started += 1
+            service.schedule_annotations(uid)
+    keep = set(state.ledger.allocations)
+    for key in set(running) | set(service.layout.keys()):
+        if key not in keep:
+            await service.vdevices.stop(key)
+            report.vdevices_removed += 1
+    if report.changed:
+        log.info("reconcile (%s): %s", why, report.summary())
+    return report
+
+
+def _is_app(pod: dict[str, Any] | None, container: str) -> bool:
+    return bool(pod) and any(c.get("name") == container for c in (pod or {}).get("spec", {}).get("containers") or [])
+
+
+def _make_room(ledger: Ledger, want: Allocation, owners: dict[str, Any]) -> None:
+    """The kubelet's record wins over allocations it never recorded: free those on the wanted cards."""
+    for a in list(ledger.allocations.values()):
+        if a.key not in owners and a.meta.get("verified") != "true" and set(a.cards) & set(want.cards):
+            ledger.release(a.key)
+
+
+@dataclass
+class Report:
+    why: str
+    freed_gone: int = 0
+    freed_finished: int = 0
+    freed_unrecorded: int = 0
+    restored: int = 0
+    vdevices_started: int = 0
+    vdevices_removed: int = 0
+    conflicts: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.freed_gone or self.freed_finished or self.freed_unrecorded or self.restored
+                    or self.vdevices_started or self.vdevices_removed or self.conflicts)
+
+    def summary(self) -> str:
+        return (f"freed {self.freed_gone} of deleted pods, {self.freed_finished} of finished pods, "
+                f"{self.freed_unrecorded} never recorded by the kubelet; restored {self.restored}; vDevice servers "
+                f"started {self.vdevices_started}, removed {self.vdevices_removed}; conflicts {len(self.conflicts)}")

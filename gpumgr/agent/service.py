@@ -1,0 +1,399 @@
+"""What the two device plugins do, on the node state: device lists, preferred IDs, Allocate, PreStartContainer.
+
+Allocate (vcuda-core) takes the cards named by the kubelet's IDs into the ledger under a key made from those IDs,
+with the memory of the pod it guesses (see binding.py), and answers with the mounts of that key's vDevice
+directory. PreStartContainer reads the kubelet checkpoint for the exact owner, repairs a wrong guess, writes the
+container's limits and starts its vDevice server. vcuda-memory IDs are capacity tokens: the card comes from
+vcuda-core, the amount from the pod spec.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpumgr import binding, podspec
+from gpumgr.agent.errors import PluginError
+from gpumgr.agent.state import NodeState
+from gpumgr.allocator import Allocation, InvalidRequest, LedgerError, NoFit, Request, choose
+from gpumgr.deviceplugin import ids as devids
+from gpumgr.deviceplugin import response
+from gpumgr.kubelet_checkpoint import KubeletCheckpointError, find_owners, read_kubelet_checkpoint
+from gpumgr.pb import deviceplugin_pb2 as pb
+from gpumgr.vdevice.layout import VDeviceLayout, allocation_key
+from gpumgr.vdevice.limits import DeviceLimit, Limits
+from gpumgr.vdevice.server import VDeviceManager
+
+log = logging.getLogger("gpumgr.agent")
+
+CANDIDATE_WAIT_S = 5.0  # how long Allocate waits for the pending pod to show up in the API
+OWNER_WAIT_S = 3.0  # how long PreStart waits for the kubelet checkpoint to name the owner
+
+
+class PodSource(Protocol):
+    def pods(self) -> list[dict[str, Any]]: ...
+    def get(self, uid: str) -> dict[str, Any] | None: ...
+    async def refresh(self) -> None: ...
+
+
+class Annotator(Protocol):
+    async def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> bool:
+        ...
+
+
+class Events(Protocol):
+    def observe_allocate(self, seconds: float, ok: bool, reason: str = "") -> None: ...
+
+
+class AllocationService:
+    def __init__(self, state: NodeState, pods: PodSource, layout: VDeviceLayout, vdevices: VDeviceManager,
+                 config: ServiceConfig, annotator: Annotator | None = None, events: Events | None = None):
+        self.state = state
+        self.pods = pods
+        self.layout = layout
+        self.vdevices = vdevices
+        self.config = config
+        self.annotator = annotator
+        self.events = events
+        inv = state.inventory
+        self._core_ids = {g.index: devids.core_ids(g) for g in inv.gpus}
+        self._mem_ids = {g.index: devids.memory_ids(g, state.memory_unit_mib) for g in inv.gpus}
+        self._annotate_tasks: set[asyncio.Task[None]] = set()
+
+    # -- ListAndWatch ---------------------------------------------------------------------------------------
+    def devices(self, kind: str) -> list[pb.Device]:
+        table = self._core_ids if kind == "c" else self._mem_ids
+        out = []
+        for g in self.state.inventory.gpus:
+            health = "Healthy" if self.state.healthy(g.index) else "Unhealthy"
+            topo = pb.TopologyInfo(nodes=[pb.NUMANode(ID=g.numa_node)]) if g.numa_node is not None else None
+            for d in table[g.index]:
+                out.append(pb.Device(ID=d, health=health, topology=topo))
+        return out
+
+    # -- GetPreferredAllocation -----------------------------------------------------------------------------
+    def preferred(self, kind: str, req: pb.ContainerPreferredAllocationRequest) -> list[str]:
+        inv = self.state.inventory
+        size = int(req.allocation_size)
+        if size <= 0:
+            raise PluginError.invalid(f"allocation_size must be positive, got {size}")
+        available = list(req.available_deviceIDs)
+        must = list(req.must_include_deviceIDs)
+        try:
+            per_card = _group(inv, available, kind)
+            devids.cards_of(inv, must, kind)
+        except devids.BadDeviceID as e:
+            raise PluginError.invalid(str(e)) from None
+        cards = self._planned_cards(kind, size)
+        chosen = list(must)
+        if cards is not None:
+            need = size - len(chosen)
+            if kind == "c" and size >= 100:
+                wanted = [d for c in cards for d in self._core_ids[c]]
+            else:
+                wanted = [d for c in cards for d in per_card.get(c, [])]
+            pool = [d for d in wanted if d in set(available) and d not in chosen]
+            if kind == "c" and size >= 100 and len(pool) < need:
+                pool = []
+            chosen += pool[:need]
+        if len(chosen) < size:  # the kubelet's view differs from ours: fill from what it offers
+            rest = [d for d in sorted(available) if d not in chosen]
+            chosen += rest[: size - len(chosen)]
+        return chosen[:size]
+
+    def _planned_cards(self, kind: str, size: int) -> tuple[int, ...] | None:
+        ledger = self.state.ledger
+        taken = self._taken()
+        if kind == "c":
+            cands = binding.candidates(self.pods.pods(), self.state.inventory, size, taken)
+            cand = cands[0] if cands else None
+            if cand and cand.recorded and ledger.problem(self._allocation_for(cand, cand.recorded, "probe")) is None:
+                return cand.recorded
+            memory = cand.ask.memory_units * self.state.memory_unit_mib if cand else self.state.memory_unit_mib
+            try:
+                return choose(self.state.topology, ledger, Request(size, memory if size < 100 else 0)).cards
+            except (InvalidRequest, NoFit):
+                return None
+        # vcuda-memory: the card of the container's vcuda-core allocation, when it was made first
+        for a in reversed(list(ledger.allocations.values())):
+            if a.meta.get("verified") != "true" and a.cores < 100:
+                mem_units = int(a.meta.get("memory_units", "-1"))
+                if mem_units == size:
+                    return a.cards
+        return None
+
+    # -- Allocate -------------------------------------------------------------------------------------------
+    async def allocate_core(self, device_ids: list[str]) -> pb.ContainerAllocateResponse:
+        t0 = time.perf_counter()
+        try:
+            resp = await self._allocate_core(device_ids)
+        except PluginError as e:
+            self._observe(t0, False, e.reason)
+            raise
+        self._observe(t0, True)
+        return resp
+
+    async def _allocate_core(self, device_ids: list[str]) -> pb.ContainerAllocateResponse:
+        cards, cores = self._check_core_ids(device_ids)
+        key = allocation_key(device_ids)
+        existing = self.state.ledger.held_by(key)
+        if existing is not None:  # the kubelet asking again for the same IDs: same answer
+            return self._response(existing)
+        cand = await self._guess(cores, cards)
+        alloc = self._allocation_for(cand, cards, key) if cand else Allocation(
+            key=key, cards=cards, cores=cores, memory_mib=0 if cores >= 100 else self.state.memory_unit_mib,
+            meta={"verified": "false", "created": str(int(time.time()))})
+        if cand is None and cores < 100:
+            raise PluginError.precondition(
+                f"no pending pod on node {self.state.node_name} asks vcuda-core={cores}; cannot tell how much memory "
+                "to give (is the pod bound to this node and visible to the agent?)", "no_pod")
+        try:
+            await self.state.commit(lambda ledger: ledger.assign(alloc))
+        except LedgerError as e:
+            raise PluginError.exhausted(f"cannot allocate cards {list(cards)}: {e}") from None
+        except OSError as e:
+            raise PluginError.precondition(f"checkpoint write failed, nothing allocated: {e}", "checkpoint") from None
+        self.layout.prepare(key)
+        log.info("allocate: cards %s cores %d memory %d MiB key %s for %s/%s container %s (guess)", list(cards),
+                 cores, alloc.memory_mib, key, alloc.meta.get("namespace", "?"), alloc.meta.get("pod", "?"),
+                 alloc.meta.get("container", "?"))
+        return self._response(alloc)
+
+    def allocate_memory(self, device_ids: list[str]) -> pb.ContainerAllocateResponse:
+        try:
+            devids.cards_of(self.state.inventory, device_ids, "m")
+        except devids.BadDeviceID as e:
+            raise PluginError.invalid(str(e)) from None
+        if not device_ids:
+            raise PluginError.invalid("no device IDs in the request")
+        return pb.ContainerAllocateResponse()
+
+    def _check_core_ids(self, device_ids: list[str]) -> tuple[tuple[int, ...], int]:
+        if not device_ids:
+            raise PluginError.invalid("no device IDs in the request")
+        try:
+            per_card = devids.cards_of(self.state.inventory, device_ids, "c")
+        except devids.BadDeviceID as e:
+            raise PluginError.invalid(str(e)) from None
+        cores = len(device_ids)
+        cards = tuple(sorted(per_card))
+        if cores > 100 and cores % 100:
+            raise PluginError.invalid(f"{cores} vcuda-core IDs: more than one card must be a multiple of 100")
+        if cores >= 100 and any(n != 100 for n in per_card.values()):
+            raise PluginError.invalid(
+                f"{cores} vcuda-core IDs must be whole cards (100 IDs each); got {dict(sorted(per_card.items()))}")
+        if cores < 100 and len(cards) != 1:
+            raise PluginError.invalid(f"{cores} vcuda-core IDs span cards {list(cards)}; a share must be on one card")
+        return cards, cores
+
+    async def _guess(self, cores: int, cards: tuple[int, ...]) -> binding.Candidate | None:
+        deadline = time.monotonic() + CANDIDATE_WAIT_S
+        refreshed = False
+        while True:
+            cands = binding.candidates(self.pods.pods(), self.state.inventory, cores, self._taken())
+            cand = binding.pick(cands, cards)
+            if cand is not None or time.monotonic() > deadline:
+                return cand
+            try:
+                await self.pods.refresh()
+            except Exception as e:  # noqa: BLE001 - the API may be unreachable; keep waiting for the watch
+                log.warning("allocate: listing pods failed: %s", e)
+            if refreshed:
+                await asyncio.sleep(0.2)
+            refreshed = True
+
+    def _taken(self) -> set[tuple[str, str]]:
+        return {_identity(a) for a in self.state.ledger.allocations.values()}
+
+    def _allocation_for(self, cand: binding.Candidate, cards: tuple[int, ...], key: str,
+                        verified: bool = False) -> Allocation:
+        ask = cand.ask
+        memory = 0 if ask.cores >= 100 else ask.memory_units * self.state.memory_unit_mib
+        return Allocation(key=key, cards=tuple(cards), cores=ask.cores, memory_mib=memory, meta={
+            "pod_uid": cand.uid, "namespace": cand.namespace, "pod": cand.name, "container": ask.name,
+            "container_index": str(ask.index), "init": "true" if ask.init else "false",
+            "memory_units": str(ask.memory_units), "verified": "true" if verified else "false",
+            "created": str(int(time.time())),
+        })
+
+    def _response(self, alloc: Allocation) -> pb.ContainerAllocateResponse:
+        gpus = [self.state.inventory.gpus[c] for c in alloc.cards]
+        mem_bytes = (alloc.memory_mib if alloc.cores < 100 else sum(g.memory_mib for g in gpus)) << 20
+        return response.build(self.config.response, gpus, alloc.cores, mem_bytes, self.layout.dir_for(alloc.key),
+                              alloc.key)
+
+    # -- PreStartContainer ----------------------------------------------------------------------------------
+    async def prestart_core(self, device_ids: list[str]) -> None:
+        cards, cores = self._check_core_ids(device_ids)
+        key = allocation_key(device_ids)
+        uid, container = await self._owner(device_ids)
+        pod = self.pods.get(uid)
+        if pod is None:
+            await self._refresh_quietly()
+            pod = self.pods.get(uid)
+        if pod is None:
+            raise PluginError.precondition(f"pod {uid} (owner of these devices per the kubelet) is not on node "
+                                           f"{self.state.node_name} in the API", "no_pod")
+        ask = binding.find_container(pod, container)
+        if ask is None or ask.cores != cores:
+            raise PluginError.precondition(
+                f"pod {uid} container {container} does not ask vcuda-core={cores} (asks "
+                f"{ask.cores if ask else 0})", "mismatch")
+        meta = pod["metadata"]
+        cand = binding.Candidate(pod=pod, ask=ask, recorded=None, order=())
+        truth = self._allocation_for(cand, cards, key, verified=True)
+        current = self.state.ledger.held_by(key)
+        if current is None or _identity(current) != _identity(truth) or current.memory_mib != truth.memory_mib \
+                or current.meta.get("verified") != "true":
+            if current is not None and _identity(current) != _identity(truth):
+                log.warning("prestart: allocation %s was guessed for %s/%s container %s; the kubelet says %s/%s "
+                            "container %s: repaired before any limit was written", key, current.meta.get("namespace"),
+                            current.meta.get("pod"), current.meta.get("container"), meta.get("namespace"),
+                            meta.get("name"), container)
+
+            def repair(ledger: Any) -> None:
+                ledger.release(key)
+                ledger.assign(truth, check_health=False)
+
+            try:
+                await self.state.commit(repair)
+            except LedgerError as e:
+                raise PluginError.precondition(f"pod {meta.get('namespace')}/{meta.get('name')} container "
+                                               f"{container} does not fit on cards {list(cards)}: {e}",
+                                               "no_fit") from None
+        limits = self.limits_for(truth, pod)
+        await self.vdevices.start(key, limits)
+        log.info("prestart: pod %s/%s container %s verified on cards %s (key %s)", meta.get("namespace"),
+                 meta.get("name"), container, list(cards), key)
+        self.schedule_annotations(uid)
+
+    async def _owner(self, device_ids: list[str]) -> tuple[str, str]:
+        path = self.config.kubelet_checkpoint
+        deadline = time.monotonic() + OWNER_WAIT_S
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                ckpt = await loop.run_in_executor(None, read_kubelet_checkpoint, path)
+            except KubeletCheckpointError as e:
+                raise PluginError.precondition(f"cannot read the kubelet checkpoint: {e}", "kubelet_checkpoint") \
+                    from None
+            owners = find_owners(ckpt.entries, podspec.RESOURCE_CORE, device_ids)
+            if len(owners) == 1:
+                return owners[0]
+            if owners:  # an app container reusing all of an init container's devices: the app container owns them
+                pod = self.pods.get(owners[0][0]) or {}
+                app = {c.get("name") for c in (pod.get("spec") or {}).get("containers") or []}
+                return next((o for o in owners if o[1] in app), owners[-1])
+            if time.monotonic() > deadline:
+                raise PluginError.precondition(
+                    f"the kubelet checkpoint {path} names no container holding these {len(device_ids)} vcuda-core "
+                    "IDs; refusing to write limits for an unverified container", "unverified")
+            await asyncio.sleep(0.1)
+
+    def limits_for(self, alloc: Allocation, pod: Mapping[str, Any]) -> Limits:
+        gpus = [self.state.inventory.gpus[c] for c in alloc.cards]
+        if alloc.cores >= 100:
+            return Limits(pod_uid=alloc.meta["pod_uid"], container_name=alloc.meta["container"], core_limit=0,
+                          hard_limit=True, core_ceiling=0,
+                          devices=tuple(DeviceLimit(g.uuid, g.index, 0) for g in gpus))
+        ceiling = binding.core_ceiling(pod)
+        return Limits(
+            pod_uid=alloc.meta["pod_uid"], container_name=alloc.meta["container"], core_limit=alloc.cores,
+            hard_limit=ceiling is None, core_ceiling=ceiling or 0,
+            devices=tuple(DeviceLimit(g.uuid, g.index, alloc.memory_mib << 20) for g in gpus),
+        )
+
+    # -- pod annotations ------------------------------------------------------------------------------------
+    def schedule_annotations(self, uid: str) -> None:
+        if self.annotator is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._annotate(uid))
+        self._annotate_tasks.add(task)
+        task.add_done_callback(self._annotate_tasks.discard)
+
+    async def _annotate(self, uid: str) -> None:
+        pod = self.pods.get(uid)
+        if pod is None or self.annotator is None:
+            return
+        mine = [a for a in self.state.ledger.allocations.values()
+                if a.meta.get("pod_uid") == uid and a.meta.get("verified") == "true" and a.meta.get("init") != "true"]
+        inv = self.state.inventory
+        ann: dict[str, str | None] = {
+            f"{podspec.ANN_PREDICATE_IDX}{a.meta['container_index']}": ",".join(str(inv.gpus[c].minor) for c in a.cards)
+            for a in mine
+        }
+        wanted = {(ask.index) for ask in podspec.gpu_containers(pod)}
+        done = {int(a.meta["container_index"]) for a in mine}
+        if wanted <= done:
+            ann[podspec.ANN_ASSIGNED] = "true"
+        meta = pod["metadata"]
+        for attempt in range(5):
+            try:
+                await self.annotator.patch_pod_annotations(meta.get("namespace", "default"), meta["name"], ann)
+                return
+            except Exception as e:  # noqa: BLE001 - retried, then logged
+                log.warning("annotating pod %s/%s failed (attempt %d): %s", meta.get("namespace"), meta.get("name"),
+                            attempt + 1, e)
+                await asyncio.sleep(0.2 * 2 ** attempt)
+
+    async def drain(self) -> None:
+        """Wait for pending annotation patches (tests, shutdown)."""
+        if self._annotate_tasks:
+            await asyncio.gather(*list(self._annotate_tasks), return_exceptions=True)
+
+    # -- releasing ------------------------------------------------------------------------------------------
+    async def release(self, keys: list[str], why: str) -> list[Allocation]:
+        """Free allocations (one checkpoint write) and stop their vDevice servers."""
+        held = [k for k in keys if self.state.ledger.held_by(k) is not None]
+        if not held:
+            return []
+
+        def free(ledger: Any) -> list[Allocation]:
+            return [a for a in (ledger.release(k) for k in held) if a is not None]
+
+        freed: list[Allocation] = await self.state.commit(free)
+        for a in freed:
+            await self.vdevices.stop(a.key)
+            log.info("released cards %s of %s/%s container %s (key %s): %s", list(a.cards),
+                     a.meta.get("namespace", "?"), a.meta.get("pod", "?"), a.meta.get("container", "?"), a.key, why)
+        return freed
+
+    async def release_ids(self, device_ids: list[str]) -> None:
+        await self.release([allocation_key(device_ids)], "rolled back with the rest of its Allocate call")
+
+    # -- helpers --------------------------------------------------------------------------------------------
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self.pods.refresh()
+        except Exception as e:  # noqa: BLE001
+            log.warning("listing pods failed: %s", e)
+
+    def _observe(self, t0: float, ok: bool, reason: str = "") -> None:
+        if self.events is not None:
+            self.events.observe_allocate(time.perf_counter() - t0, ok, reason)
+
+
+def _group(inv: Any, device_ids: list[str], kind: str) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for d in device_ids:
+        uuid, k = devids.split(d)
+        gpu = inv.by_uuid(uuid)
+        if gpu is None or k != kind:
+            raise devids.BadDeviceID(f"{d!r} is not a device of this plugin on this node")
+        out.setdefault(gpu.index, []).append(d)
+    return out
+
+
+def _identity(a: Allocation) -> tuple[str, str]:
+    return a.meta.get("pod_uid", ""), a.meta.get("container", "")
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    kubelet_checkpoint: Path
+    response: response.ResponseConfig

@@ -1,0 +1,99 @@
+"""The node's allocation state: one ledger, changed in one place, checkpointed before anyone is answered.
+
+Every change runs `commit(fn)`: `fn` changes a copy of the ledger, the copy is written to the checkpoint, and
+only then does it replace the live ledger. A failed write leaves the live ledger as it was. Health is kept
+beside it (reasons per card) and is not checkpointed: it is re-learnt from the cards on every start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from gpumgr.allocator import Ledger
+from gpumgr.checkpoint import CheckpointStore
+from gpumgr.devices.types import Inventory
+from gpumgr.topology import Topology
+
+log = logging.getLogger("gpumgr.state")
+T = TypeVar("T")
+
+
+class NodeState:
+    def __init__(self, node_name: str, inventory: Inventory, store: CheckpointStore, memory_unit_mib: int = 256):
+        self.node_name = node_name
+        self.inventory = inventory
+        self.topology = Topology(inventory.levels)
+        self.store = store
+        self.memory_unit_mib = memory_unit_mib
+        self.ledger = Ledger(g.memory_mib for g in inventory.gpus)
+        self.lock = asyncio.Lock()
+        self.health_reasons: dict[int, set[str]] = {g.index: set() for g in inventory.gpus}
+        self.version = 0  # bumps on every change of allocation or health
+        self._changed = asyncio.Condition()
+        self.checkpoint_writes = 0
+        self.checkpoint_failures = 0
+        self.last_checkpoint_s = 0.0
+
+    # -- allocation -----------------------------------------------------------------------------------------
+    async def commit(self, change: Callable[[Ledger], T]) -> T:
+        """Apply `change` to a copy, checkpoint it, then make it live. Raises whatever `change` or the write
+        raises, with nothing changed."""
+        async with self.lock:
+            trial = self.ledger.copy()
+            result = change(trial)
+            await self._save(trial)
+            self.ledger = trial
+        await self._bump()
+        return result
+
+    async def _save(self, ledger: Ledger) -> None:
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        try:
+            await loop.run_in_executor(None, self.store.save, ledger, self.node_name)
+        except OSError as e:
+            self.checkpoint_failures += 1
+            log.error("checkpoint write to %s failed: %s", self.store.path, e)
+            raise
+        self.checkpoint_writes += 1
+        self.last_checkpoint_s = time.perf_counter() - t0
+
+    # -- health ---------------------------------------------------------------------------------------------
+    def healthy(self, index: int) -> bool:
+        return not self.health_reasons[index]
+
+    async def set_reason(self, index: int, reason: str, present: bool) -> bool:
+        """Add or clear one reason for card `index` to be unhealthy; True when the card's health changed."""
+        if index not in self.health_reasons:
+            return False
+        reasons = self.health_reasons[index]
+        before = not reasons
+        if present:
+            reasons.add(reason)
+        else:
+            reasons.discard(reason)
+        after = not reasons
+        if before == after:
+            return False
+        self.ledger.set_healthy(index, after)
+        await self._bump()
+        return True
+
+    # -- change notification --------------------------------------------------------------------------------
+    async def _bump(self) -> None:
+        async with self._changed:
+            self.version += 1
+            self._changed.notify_all()
+
+    async def wait_change(self, seen: int, timeout: float | None = None) -> int:
+        """Return the current version once it differs from `seen` (or after `timeout`)."""
+        async with self._changed:
+            if self.version == seen:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait_for(lambda: self.version != seen), timeout)
+            return self.version

@@ -1,0 +1,91 @@
+"""The DevicePlugin gRPC service of one resource, over the allocation service."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from gpumgr.agent.errors import PluginError
+from gpumgr.agent.service import AllocationService
+from gpumgr.pb import deviceplugin_pb2 as pb
+from gpumgr.pb import deviceplugin_pb2_grpc as pb_grpc
+
+log = logging.getLogger("gpumgr.deviceplugin")
+
+
+class PluginServicer(pb_grpc.DevicePluginServicer):
+    """`kind` is "c" (vcuda-core) or "m" (vcuda-memory)."""
+
+    def __init__(self, service: AllocationService, kind: str, resource: str):
+        self.service = service
+        self.kind = kind
+        self.resource = resource
+
+    def options(self) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(pre_start_required=self.kind == "c", get_preferred_allocation_available=True)
+
+    async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DevicePluginOptions:  # noqa: N802,E501
+        return self.options()
+
+    async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListAndWatchResponse]:  # noqa: N802,E501
+        state = self.service.state
+        sent: tuple[bool, ...] | None = None
+        version = -1
+        while True:
+            health = tuple(state.healthy(g.index) for g in state.inventory.gpus)
+            if health != sent:
+                sent = health
+                yield pb.ListAndWatchResponse(devices=self.service.devices(self.kind))
+                log.info("%s: sent %d devices (unhealthy cards: %s)", self.resource,
+                         len(state.inventory.gpus), [i for i, h in enumerate(health) if not h] or "none")
+            version = await state.wait_change(version, timeout=5.0)
+
+    async def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext) -> pb.PreferredAllocationResponse:  # noqa: N802,E501
+        out = pb.PreferredAllocationResponse()
+        try:
+            for creq in request.container_requests:
+                out.container_responses.append(
+                    pb.ContainerPreferredAllocationResponse(deviceIDs=self.service.preferred(self.kind, creq)))
+        except PluginError as e:
+            await context.abort(e.code, f"{self.resource}: {e.message}")
+        return out
+
+    async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:  # noqa: N802
+        if not request.container_requests:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.resource}: no container requests")
+        out = pb.AllocateResponse()
+        done: list[list[str]] = []
+        try:
+            for creq in request.container_requests:
+                ids = list(creq.devices_ids)
+                if self.kind == "c":
+                    out.container_responses.append(await self.service.allocate_core(ids))
+                    done.append(ids)
+                else:
+                    out.container_responses.append(self.service.allocate_memory(ids))
+        except PluginError as e:
+            for ids in done:  # all or nothing across the containers of one call
+                await self.service.release_ids(ids)
+            log.warning("%s: Allocate refused: %s", self.resource, e.message)
+            await context.abort(e.code, f"{self.resource}: {e.message}")
+        except Exception as e:  # noqa: BLE001 - never a traceback to the kubelet
+            log.exception("%s: Allocate failed", self.resource)
+            for ids in done:
+                await self.service.release_ids(ids)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: internal error: {e}")
+        return out
+
+    async def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext) -> pb.PreStartContainerResponse:  # noqa: N802,E501
+        if self.kind != "c":
+            return pb.PreStartContainerResponse()
+        try:
+            await self.service.prestart_core(list(request.devices_ids))
+        except PluginError as e:
+            log.warning("%s: PreStartContainer refused: %s", self.resource, e.message)
+            await context.abort(e.code, f"{self.resource}: {e.message}")
+        except Exception as e:  # noqa: BLE001
+            log.exception("%s: PreStartContainer failed", self.resource)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: internal error: {e}")
+        return pb.PreStartContainerResponse()

@@ -1,0 +1,115 @@
+"""The pods on this node, kept current by a list + watch in a background thread.
+
+Readers get copies from the event loop; `changed` is set whenever something changed, so the agent can react
+(free the cards of pods that are gone). `refresh()` does a live list, for when a pod must be seen now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpumgr.kube.client import KubeClient
+
+log = logging.getLogger("gpumgr.kube")
+
+WATCH_TIMEOUT_S = 60
+
+
+class PodCache:
+    def __init__(self, kube: KubeClient, node: str):
+        self.kube = kube
+        self.node = node
+        self._lock = threading.Lock()
+        self._pods: dict[str, dict[str, Any]] = {}
+        self._synced = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._listeners: list[Callable[[], None]] = []
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def start(self, on_change: Callable[[], None] | None = None) -> None:
+        if on_change:
+            self._listeners.append(on_change)
+        self._thread = threading.Thread(target=self._run, name="pod-cache", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def wait_synced(self, timeout: float) -> bool:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self._synced.wait, timeout)
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    # -- reading --------------------------------------------------------------------------------------------
+    def pods(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [copy.deepcopy(p) for p in self._pods.values()]
+
+    def get(self, uid: str) -> dict[str, Any] | None:
+        with self._lock:
+            p = self._pods.get(uid)
+            return copy.deepcopy(p) if p else None
+
+    async def refresh(self) -> None:
+        """A live list now (the watch may lag behind a pod that was just bound here)."""
+        pods, _ = await asyncio.get_running_loop().run_in_executor(None, self.kube.list_node_pods_sync, self.node)
+        self._replace(pods)
+
+    # -- the watch thread -----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        from kubernetes import watch
+
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                pods, rv = self.kube.list_node_pods_sync(self.node)
+                self._replace(pods)
+                self._synced.set()
+                backoff = 0.2
+                w = watch.Watch()
+                for ev in w.stream(self.kube.core.list_pod_for_all_namespaces,
+                                   field_selector=f"spec.nodeName={self.node}", resource_version=rv,
+                                   timeout_seconds=WATCH_TIMEOUT_S):
+                    if self._stop.is_set():
+                        w.stop()
+                        break
+                    self._apply(str(ev.get("type")), self.kube.to_dict(ev["object"]))
+            except Exception as e:  # noqa: BLE001 - the watch restarts on any failure
+                if self._stop.is_set():
+                    break
+                log.warning("pod watch on node %s failed (%s); listing again in %.1fs", self.node, e, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _replace(self, pods: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._pods = {p["metadata"]["uid"]: p for p in pods if p.get("metadata", {}).get("uid")}
+        self._notify()
+
+    def _apply(self, kind: str, pod: dict[str, Any]) -> None:
+        uid = (pod.get("metadata") or {}).get("uid")
+        if not uid:
+            return
+        with self._lock:
+            if kind == "DELETED":
+                self._pods.pop(uid, None)
+            elif kind in ("ADDED", "MODIFIED"):
+                self._pods[uid] = pod
+        self._notify()
+
+    def _notify(self) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001
+                log.exception("pod cache listener failed")

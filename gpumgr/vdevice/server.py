@@ -1,0 +1,106 @@
+"""The vDevice gRPC service: one small server per GPU container, on `<root>/<key>/vcuda.sock`.
+
+The socket a call arrives on says which container calls (each container mounts only its own directory), so
+the request may be empty. Fields that are sent must agree with that container, or the call is refused with
+PERMISSION_DENIED and nothing is answered. All servers of a pod stop together when the pod is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from gpumgr.pb import vdevice_pb2 as pb
+from gpumgr.pb import vdevice_pb2_grpc as pb_grpc
+from gpumgr.vdevice.layout import VDeviceLayout
+from gpumgr.vdevice.limits import Limits
+from gpumgr.vdevice.peers import host_pid
+
+log = logging.getLogger("gpumgr.vdevice")
+
+
+class _Servicer(pb_grpc.VDeviceServicer):
+    def __init__(self, key: str, limits: Limits, proc_root: Path, on_register: Callable[[str, Limits], None]):
+        self.key = key
+        self.limits = limits
+        self.proc_root = proc_root
+        self.on_register = on_register
+
+    async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.RegisterResponse:  # noqa: N802
+        lim = self.limits
+        if request.pod_uid and request.pod_uid != lim.pod_uid:
+            log.warning("vDevice %s: Register names pod %s, socket belongs to pod %s: denied",
+                        self.key, request.pod_uid, lim.pod_uid)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"this socket serves pod {lim.pod_uid}, not {request.pod_uid}")
+        if request.container_name and request.container_name != lim.container_name:
+            log.warning("vDevice %s: Register names container %s, socket belongs to %s/%s: denied",
+                        self.key, request.container_name, lim.pod_uid, lim.container_name)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"this socket serves container {lim.container_name}, not {request.container_name}")
+        hpid = host_pid(self.proc_root, int(request.pid), lim.pod_uid) if request.pid else 0
+        self.on_register(self.key, lim)
+        log.info("vDevice registration: pod %s container %s pid %d (host %d)", lim.pod_uid, lim.container_name,
+                 request.pid, hpid)
+        return pb.RegisterResponse(
+            devices=[pb.DeviceLimit(uuid=d.uuid, index=d.index, memory_limit_bytes=d.memory_limit_bytes)
+                     for d in lim.devices],
+            core_limit=lim.core_limit, hard_limit=lim.hard_limit, core_ceiling=lim.core_ceiling, host_pid=hpid,
+        )
+
+
+class VDeviceManager:
+    """Starts and stops the per-container servers; `registrations` counts successful Register calls."""
+
+    def __init__(self, layout: VDeviceLayout, proc_root: Path = Path("/proc")):
+        self.layout = layout
+        self.proc_root = proc_root
+        self._servers: dict[str, tuple[grpc.aio.Server, Limits]] = {}
+        self.registrations = 0
+
+    def _count(self, key: str, limits: Limits) -> None:
+        self.registrations += 1
+
+    def running(self) -> dict[str, Limits]:
+        return {k: lim for k, (_, lim) in self._servers.items()}
+
+    async def start(self, key: str, limits: Limits) -> None:
+        """Write the limits file and serve the socket (replacing a server with other limits)."""
+        current = self._servers.get(key)
+        self.layout.write_limits(key, limits)
+        if current and current[1] == limits:
+            return
+        if current:
+            await self.stop(key, remove_dir=False)
+        sock = self.layout.socket_for(key)
+        if len(str(sock)) >= 108:
+            raise ValueError(f"socket path {sock} is longer than a unix socket allows (107 bytes)")
+        sock.unlink(missing_ok=True)
+        server = grpc.aio.server()
+        pb_grpc.add_VDeviceServicer_to_server(_Servicer(key, limits, self.proc_root, self._count), server)
+        server.add_insecure_port(f"unix://{sock}")
+        await server.start()
+        os.chmod(sock, 0o666)
+        self._servers[key] = (server, limits)
+        log.info("vDevice server up for pod %s container %s at %s", limits.pod_uid, limits.container_name, sock)
+
+    async def stop(self, key: str, remove_dir: bool = True) -> None:
+        entry = self._servers.pop(key, None)
+        if entry:
+            await entry[0].stop(grace=0.2)
+        if remove_dir:
+            self.layout.remove(key)
+
+    async def stop_pod(self, pod_uid: str) -> list[str]:
+        keys = [k for k, (_, lim) in self._servers.items() if lim.pod_uid == pod_uid]
+        for k in keys:
+            await self.stop(k)
+        return keys
+
+    async def stop_all(self) -> None:
+        for k in list(self._servers):
+            await self.stop(k, remove_dir=False)
