@@ -36,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     opt("--cgroup-root", "/sys/fs/cgroup", "the host's cgroup mount")
     opt("--metrics-addr", "0.0.0.0:5678", "address of /metric, /graph, /usage, /healthz, /readyz")
     opt("--check-period", "30", "seconds between full reconciliations", type=float)
+    opt("--unrecorded-grace", "60", "seconds an allocation the kubelet never recorded is kept before it is freed",
+        type=float)
     opt("--health-ignore-xids", "13,31,43,45,68,109", "application XIDs that do not make a card unhealthy")
     opt("--temp-unhealthy", "95", "temperature (C) at which a card turns unhealthy", type=int)
     opt("--temp-healthy", "90", "temperature (C) below which it is healthy again", type=int)
@@ -65,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         memory_unit_mib=args.memory_unit_mib, simulate=args.simulate, driver_root=args.driver_root,
         shim_dir=args.shim_dir, dev_root=Path(args.dev_root), proc_root=Path(args.proc_root),
         cgroup_root=Path(args.cgroup_root), metrics_addr=args.metrics_addr, check_period_s=args.check_period,
+        grace_s=args.unrecorded_grace,
         health_ignore_xids=xids, temp_unhealthy_c=args.temp_unhealthy, temp_healthy_c=args.temp_healthy,
         label_prefix=args.label_prefix, cdi=bool(args.cdi),
     )

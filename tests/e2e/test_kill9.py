@@ -1,0 +1,108 @@
+"""`kill -9` of the agent in the middle of a burst of 200 allocations, then a restart: no card double-booked,
+none leaked, every admitted pod still holds its cards."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+from gpumgr import podspec
+from gpumgr.checkpoint import CheckpointStore
+from gpumgr.deviceplugin import ids as devids
+from gpumgr.devices.spec import load_node_spec
+from gpumgr.sim.kubeapi import KubeApiServer
+from gpumgr.sim.kubelet import AdmissionError, ContainerRequest, KubeletEmulator
+from gpumgr.vdevice.layout import allocation_key
+from tests.e2e.agent_process import AgentProcess, write_spec
+from tests.helpers import topo_path
+
+CORE, MEM = podspec.RESOURCE_CORE, podspec.RESOURCE_MEMORY
+NODE = "burst-node"
+
+
+def new_pod(api: KubeApiServer, name: str) -> dict:
+    limits = {CORE: "4", MEM: "1"}
+    return api.store.create_pod({
+        "metadata": {"name": name, "namespace": "default", "uid": str(uuid.uuid4())},
+        "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x",
+                                                    "resources": {"limits": limits, "requests": limits}}]},
+    })
+
+
+async def admit(kubelet: KubeletEmulator, api: KubeApiServer, pod: dict) -> bool:
+    try:
+        await kubelet.admit_pod(pod["metadata"]["uid"], [ContainerRequest("main", {CORE: 4, MEM: 1})])
+    except AdmissionError:
+        api.store.set_pod_phase("default", pod["metadata"]["name"], "Failed")  # UnexpectedAdmissionError
+        return False
+    api.store.set_pod_phase("default", pod["metadata"]["name"], "Running")
+    return True
+
+
+async def wait_ready(kubelet: KubeletEmulator, count: int) -> None:
+    for res in (CORE, MEM):
+        await kubelet.wait_registered(res, timeout=30, count=count)
+        await kubelet.wait_for(lambda r=res: bool(kubelet.devices(r)) and all(
+            h == "Healthy" for h in kubelet.devices(r).values()), 30)
+
+
+async def test_kill9_mid_burst_then_restart_loses_and_doubles_nothing():
+    workdir = Path(tempfile.mkdtemp(prefix="gk", dir="/tmp"))
+    spec = write_spec(workdir / "node.yaml", topo_path("dgx-a100"), 16384)
+    inv = load_node_spec(spec)
+    api = KubeApiServer()
+    await api.start()
+    api.write_kubeconfig(workdir / "kubeconfig")
+    api.store.create_node({"metadata": {"name": NODE}})
+    kubelet = KubeletEmulator(workdir / "dp")
+    await kubelet.start()
+    agent = AgentProcess(workdir, NODE, spec, "--check-period", "1", "--unrecorded-grace", "2")
+    try:
+        agent.start()
+        await wait_ready(kubelet, 1)
+        admitted: list[dict] = []
+        failed = 0
+        loop = asyncio.get_running_loop()
+        for i in range(200):
+            pod = new_pod(api, f"p{i}")
+            if i == 70:  # kill while this admission is in flight
+                loop.call_later(0.003, agent.kill9)
+            if await admit(kubelet, api, pod):
+                admitted.append(pod)
+            else:
+                failed += 1
+                if failed == 1:
+                    agent.kill9()
+                    agent.start()
+                    await wait_ready(kubelet, 2)
+        # replace the pods whose admission failed while the agent was down
+        for i in range(200 - len(admitted)):
+            pod = new_pod(api, f"r{i}")
+            assert await admit(kubelet, api, pod), agent.logs()[-3000:]
+            admitted.append(pod)
+        assert failed >= 1 and len(admitted) == 200
+
+        await asyncio.sleep(4)  # grace (2 s) + a reconcile (1 s): unrecorded allocations are freed
+        agent.stop()
+        ledger = CheckpointStore(workdir / "ckpt").load().snapshot.ledger
+
+        want: dict[str, tuple[int, ...]] = {}
+        for pod in admitted:
+            ids = kubelet.pod_devices(pod["metadata"]["uid"])["main"][CORE]
+            want[allocation_key(ids)] = tuple(sorted(devids.cards_of(inv, ids, "c")))
+        got = {k: a.cards for k, a in ledger.allocations.items()}
+        assert got == want, f"leaked {set(got) - set(want)}, lost {set(want) - set(got)}"
+        for a in ledger.allocations.values():
+            assert a.meta["verified"] == "true" and a.cores == 4 and a.memory_mib == 256
+        for c in ledger.cards:
+            held = [a for a in ledger.allocations.values() if c.index in a.cards]
+            assert sum(a.cores for a in held) == 100 - c.free_cores <= 100
+        assert sum(100 - c.free_cores for c in ledger.cards) == 4 * 200
+    finally:
+        agent.kill9()
+        await kubelet.stop()
+        await api.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

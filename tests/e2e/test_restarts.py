@@ -1,0 +1,83 @@
+"""Restarts are normal: the kubelet's, the agent's, and a damaged checkpoint; nothing lost, nothing doubled."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from gpumgr import podspec
+from gpumgr.checkpoint import CheckpointStore
+from tests.e2e.harness import sim_node
+
+CORE = podspec.RESOURCE_CORE
+
+
+def holdings(node) -> dict[str, tuple[tuple[int, ...], int, int]]:
+    return {a.meta["pod"]: (a.cards, a.cores, a.memory_mib) for a in node.agent.state.ledger.allocations.values()}
+
+
+async def test_kubelet_restart_re_registers_and_keeps_every_allocation():
+    async with sim_node("dgx-a100") as node:
+        await node.run_pod("a", [("main", 200, 0)])
+        await node.run_pod("b", [("main", 30, 8)])
+        before = holdings(node)
+        count = node.kubelet.registration_count(CORE)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await node.kubelet.restart()
+        await node.kubelet.wait_registered(CORE, timeout=10, count=count + 1)
+        took = loop.time() - t0
+        print(f"re-registered {took * 1000:.0f} ms after the kubelet restart")
+        await node.wait_plugins()
+        assert holdings(node) == before
+        # the node keeps working after the restart, and the old holdings are still respected
+        c = await node.run_pod("c", [("main", 500, 0)])
+        cards = {node.inventory.by_uuid(u).index
+                 for u in c.container("main").responses[CORE].envs["NVIDIA_VISIBLE_DEVICES"].split(",")}
+        assert not cards & set(before["a"][0]) and not cards & set(before["b"][0])
+
+
+async def test_agent_restart_restores_state_and_vdevice_servers():
+    async with sim_node("dgx-a100") as node:
+        await node.run_pod("a", [("main", 100, 0)])
+        b = await node.run_pod("b", [("main", 25, 4)])
+        before = holdings(node)
+        await node.stop_agent()
+        await node.start_agent()
+        assert holdings(node) == before
+        sock = b.container("main").responses[CORE].mounts
+        vdir = next(m.host_path for m in sock if m.container_path == "/etc/vcuda")
+        from pathlib import Path
+
+        assert (Path(vdir) / "vcuda.sock").exists() and (Path(vdir) / "limits").exists()
+        assert node.agent.service.vdevices.running()
+
+
+async def test_corrupted_checkpoint_on_start_is_rebuilt_from_the_kubelet_and_live_pods():
+    async with sim_node("dgx-a100") as node:
+        await node.run_pod("a", [("main", 300, 0)])
+        await node.run_pod("b", [("main", 40, 8), ("side", 10, 2)])
+        before = holdings(node)
+        await node.stop_agent()
+        store = CheckpointStore(node.config.checkpoint_dir)
+        store.path.write_text('{"format": "gpumgr-checkpoint", "version": 1, "ledger": {')  # truncated
+        store.prev.write_bytes(b"\x00garbage")
+        await node.start_agent()
+        assert holdings(node) == {k: v for k, v in before.items()}
+        assert all(a.meta["verified"] == "true" for a in node.agent.state.ledger.allocations.values())
+        # and the rebuilt ledger was written back as a good checkpoint
+        doc = json.loads(store.path.read_text())
+        assert len(doc["ledger"]["allocations"]) == 3
+
+
+async def test_pods_deleted_while_the_agent_was_down_are_freed_and_lost_ones_restored():
+    async with sim_node("dgx-a100") as node:
+        await node.run_pod("stays", [("main", 100, 0)])
+        await node.run_pod("goes", [("main", 100, 0)])
+        await node.stop_agent()
+        await node.delete_pod("goes")
+        # our checkpoint loses "stays" (an older generation, say): the kubelet still knows it
+        CheckpointStore(node.config.checkpoint_dir).path.unlink()
+        CheckpointStore(node.config.checkpoint_dir).prev.unlink(missing_ok=True)
+        await node.start_agent()
+        assert set(holdings(node)) == {"stays"}
