@@ -42,7 +42,7 @@ def encode(ledger: Ledger, generation: int, node: str = "") -> bytes:
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "ledger": ledger.to_json(),
     }
-    return (json.dumps({**body, "checksum": checksum(body)}, indent=1, sort_keys=True) + "\n").encode()
+    return (json.dumps({**body, "checksum": checksum(body)}, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
 def decode(data: bytes, source: str) -> Snapshot:

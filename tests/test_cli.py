@@ -94,6 +94,6 @@ def test_checkpoint_show_and_verify(tmp_path):
     assert p.returncode == 0 and "ok (generation 1, 1 allocations" in p.stdout
     p = gpumgr("checkpoint", "show", str(tmp_path))
     assert p.returncode == 0 and "default/p/main" in p.stdout and "shared" in p.stdout
-    store.path.write_text(store.path.read_text().replace('"cores": 30', '"cores": 40'))
+    store.path.write_text(store.path.read_text().replace('"cores":30', '"cores":40'))
     p = gpumgr("checkpoint", "verify", str(store.path))
     assert p.returncode == 1 and "checksum mismatch" in p.stderr

@@ -22,8 +22,10 @@ from gpumgr.deviceplugin.response import ResponseConfig
 from gpumgr.deviceplugin.servicer import PluginServicer
 from gpumgr.deviceplugin.supervisor import PluginSpec, PluginSupervisor
 from gpumgr.devices.backend import Backend
+from gpumgr.health import HealthConfig, HealthMonitor
 from gpumgr.kube.client import KubeClient
 from gpumgr.kube.pod_cache import PodCache
+from gpumgr.node_labels import labels_patch, node_labels
 from gpumgr.vdevice.layout import VDeviceLayout
 from gpumgr.vdevice.server import VDeviceManager
 
@@ -44,6 +46,8 @@ class Agent:
         self._tasks: list[asyncio.Task[Any]] = []
         self._poke = asyncio.Event()
         self.started = False
+        self.health: HealthMonitor | None = None
+        self.metrics: Any = None
 
     @property
     def ready(self) -> bool:
@@ -80,7 +84,14 @@ class Agent:
             annotator=self.kube,
         )
         await reconcile(self.service, self.pods.synced, cfg.grace_s, "start")
+        self.health = HealthMonitor(
+            self.backend, state,
+            HealthConfig(ignored_xids=frozenset(cfg.health_ignore_xids), temp_unhealthy_c=cfg.temp_unhealthy_c,
+                         temp_healthy_c=cfg.temp_healthy_c),
+            on_transition=self._on_health, on_xid=self._on_xid)
+        await self.health.start()  # health is known before the plugins first list their devices
         await self.publish_inventory()
+        await self.publish_labels()
 
         self.supervisor = PluginSupervisor(cfg.device_plugin_dir, [
             PluginSpec(podspec.RESOURCE_CORE, "vcore.sock", PluginServicer(self.service, "c", podspec.RESOURCE_CORE)),
@@ -128,7 +139,7 @@ class Agent:
             self._poke.clear()
             try:
                 await reconcile(self.service, self.pods.synced, self.config.grace_s,
-                                "periodic" if periodic else "pods changed")
+                                "periodic" if periodic else "pods changed", full=periodic)
             except Exception:  # noqa: BLE001 - the loop must go on
                 log.exception("reconcile failed")
 
@@ -146,6 +157,28 @@ class Agent:
             return False
         return True
 
+    async def publish_labels(self) -> None:
+        """Model, count, memory, driver labels on the node: patched only when they differ (no churn)."""
+        cfg = self.config
+        assert self.state is not None
+        try:
+            node = await self.kube.get_node(cfg.node_name)
+            current = ((node or {}).get("metadata") or {}).get("labels") or {}
+            patch = labels_patch(current, node_labels(self.state.inventory, cfg.label_prefix), cfg.label_prefix)
+            if patch:
+                await self.kube.patch_node_metadata(cfg.node_name, labels=patch)
+                log.info("node %s labels updated: %s", cfg.node_name, patch)
+        except Exception as e:  # noqa: BLE001 - labels are retried at the next start
+            log.warning("labelling node %s failed: %s", cfg.node_name, e)
+
+    def _on_health(self, index: int, healthy: bool, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.health_transition(index, healthy, reason)
+
+    def _on_xid(self, index: int, xid: int) -> None:
+        if self.metrics is not None:
+            self.metrics.xid_error(index, xid)
+
     async def _publish_loop(self) -> None:
         assert self.state is not None
         st = self.state
@@ -160,6 +193,8 @@ class Agent:
                 seen = now
 
     async def stop(self) -> None:
+        if self.health is not None:
+            await self.health.stop()
         for t in self._tasks:
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

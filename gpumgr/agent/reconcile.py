@@ -25,17 +25,21 @@ from gpumgr.vdevice.layout import allocation_key
 log = logging.getLogger("gpumgr.reconcile")
 
 
-async def reconcile(service: AllocationService, pods_synced: bool, grace_s: float, why: str) -> Report:
+async def reconcile(service: AllocationService, pods_synced: bool, grace_s: float, why: str,
+                    full: bool = True) -> Report:
+    """`full=False` (on pod changes) only frees what verified pods that are gone or finished held, without
+    reading the kubelet checkpoint; the full pass does everything."""
     state = service.state
     report = Report(why=why)
     loop = asyncio.get_running_loop()
-    try:
-        ckpt = await loop.run_in_executor(None, read_kubelet_checkpoint, service.config.kubelet_checkpoint)
-        kubelet_ok = True
-        entries = [e for e in ckpt.entries if e.resource_name == podspec.RESOURCE_CORE]
-    except KubeletCheckpointError as err:
-        log.error("reconcile (%s): kubelet checkpoint unreadable, freeing nothing on its account: %s", why, err)
-        kubelet_ok, entries = False, []
+    kubelet_ok, entries = False, []
+    if full:
+        try:
+            ckpt = await loop.run_in_executor(None, read_kubelet_checkpoint, service.config.kubelet_checkpoint)
+            kubelet_ok = True
+            entries = [e for e in ckpt.entries if e.resource_name == podspec.RESOURCE_CORE]
+        except KubeletCheckpointError as err:
+            log.error("reconcile (%s): kubelet checkpoint unreadable, freeing nothing on its account: %s", why, err)
     pods = {p["metadata"]["uid"]: p for p in service.pods.pods() if (p.get("metadata") or {}).get("uid")}
     live = {uid for uid, p in pods.items() if binding.is_live(p)}
     owners: dict[str, tuple[str, str, tuple[str, ...]]] = {}

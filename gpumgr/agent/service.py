@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from gpumgr.agent.state import NodeState
 from gpumgr.allocator import Allocation, InvalidRequest, LedgerError, NoFit, Request, choose
 from gpumgr.deviceplugin import ids as devids
 from gpumgr.deviceplugin import response
-from gpumgr.kubelet_checkpoint import KubeletCheckpointError, find_owners, read_kubelet_checkpoint
+from gpumgr.kubelet_checkpoint import KubeletCheckpoint, KubeletCheckpointError, find_owners, read_kubelet_checkpoint
 from gpumgr.pb import deviceplugin_pb2 as pb
 from gpumgr.vdevice.layout import VDeviceLayout, allocation_key
 from gpumgr.vdevice.limits import DeviceLimit, Limits
@@ -32,6 +33,7 @@ from gpumgr.vdevice.server import VDeviceManager
 log = logging.getLogger("gpumgr.agent")
 
 CANDIDATE_WAIT_S = 5.0  # how long Allocate waits for the pending pod to show up in the API
+WATCH_LAG_S = 0.3  # how long Allocate waits for the pod watch before listing pods live
 OWNER_WAIT_S = 3.0  # how long PreStart waits for the kubelet checkpoint to name the owner
 
 
@@ -64,6 +66,8 @@ class AllocationService:
         self._core_ids = {g.index: devids.core_ids(g) for g in inv.gpus}
         self._mem_ids = {g.index: devids.memory_ids(g, state.memory_unit_mib) for g in inv.gpus}
         self._annotate_tasks: set[asyncio.Task[None]] = set()
+        self._index_of = {g.uuid: g.index for g in inv.gpus}
+        self._kubelet_cache: tuple[tuple[int, int, int], KubeletCheckpoint] | None = None
 
     # -- ListAndWatch ---------------------------------------------------------------------------------------
     def devices(self, kind: str) -> list[pb.Device]:
@@ -85,26 +89,34 @@ class AllocationService:
         available = list(req.available_deviceIDs)
         must = list(req.must_include_deviceIDs)
         try:
-            per_card = _group(inv, available, kind)
+            per_card = self._group(available, kind)
             devids.cards_of(inv, must, kind)
         except devids.BadDeviceID as e:
             raise PluginError.invalid(str(e)) from None
         cards = self._planned_cards(kind, size)
         chosen = list(must)
+        taken = set(chosen)
         if cards is not None:
             need = size - len(chosen)
-            if kind == "c" and size >= 100:
-                wanted = [d for c in cards for d in self._core_ids[c]]
-            else:
-                wanted = [d for c in cards for d in per_card.get(c, [])]
-            pool = [d for d in wanted if d in set(available) and d not in chosen]
+            pool = [d for c in cards for d in per_card.get(c, []) if d not in taken]
             if kind == "c" and size >= 100 and len(pool) < need:
-                pool = []
+                pool = []  # whole cards or nothing
             chosen += pool[:need]
+            taken.update(pool[:need])
         if len(chosen) < size:  # the kubelet's view differs from ours: fill from what it offers
-            rest = [d for d in sorted(available) if d not in chosen]
+            rest = [d for d in sorted(available) if d not in taken]
             chosen += rest[: size - len(chosen)]
         return chosen[:size]
+
+    def _group(self, device_ids: list[str], kind: str) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = {}
+        for d in device_ids:
+            uuid, sep, rest = d.rpartition(devids.SEP)
+            index = self._index_of.get(uuid)
+            if not sep or index is None or not rest.startswith(kind):
+                raise devids.BadDeviceID(f"{d!r} is not a device of this plugin on this node")
+            out.setdefault(index, []).append(d)
+        return out
 
     def _planned_cards(self, kind: str, size: int) -> tuple[int, ...] | None:
         ledger = self.state.ledger
@@ -192,20 +204,22 @@ class AllocationService:
         return cards, cores
 
     async def _guess(self, cores: int, cards: tuple[int, ...]) -> binding.Candidate | None:
-        deadline = time.monotonic() + CANDIDATE_WAIT_S
-        refreshed = False
+        """The pending pod this allocation is most likely for. A pod bound a moment ago may not have reached the
+        watch yet: look again for a short while, then list the pods live, then keep looking until the deadline."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        listed = False
         while True:
             cands = binding.candidates(self.pods.pods(), self.state.inventory, cores, self._taken())
             cand = binding.pick(cands, cards)
-            if cand is not None or time.monotonic() > deadline:
+            waited = loop.time() - start
+            if cand is not None or waited > CANDIDATE_WAIT_S:
                 return cand
-            try:
-                await self.pods.refresh()
-            except Exception as e:  # noqa: BLE001 - the API may be unreachable; keep waiting for the watch
-                log.warning("allocate: listing pods failed: %s", e)
-            if refreshed:
-                await asyncio.sleep(0.2)
-            refreshed = True
+            if waited > WATCH_LAG_S and not listed:
+                listed = True
+                await self._refresh_quietly()
+                continue
+            await asyncio.sleep(0.01 if waited < WATCH_LAG_S else 0.2)
 
     def _taken(self) -> set[tuple[str, str]]:
         return {_identity(a) for a in self.state.ledger.allocations.values()}
@@ -278,7 +292,7 @@ class AllocationService:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                ckpt = await loop.run_in_executor(None, read_kubelet_checkpoint, path)
+                ckpt = await loop.run_in_executor(None, self._read_kubelet_checkpoint, path)
             except KubeletCheckpointError as e:
                 raise PluginError.precondition(f"cannot read the kubelet checkpoint: {e}", "kubelet_checkpoint") \
                     from None
@@ -294,6 +308,20 @@ class AllocationService:
                     f"the kubelet checkpoint {path} names no container holding these {len(device_ids)} vcuda-core "
                     "IDs; refusing to write limits for an unverified container", "unverified")
             await asyncio.sleep(0.1)
+
+    def _read_kubelet_checkpoint(self, path: Path) -> KubeletCheckpoint:
+        """The kubelet's checkpoint, parsed again only when the file changed."""
+        try:
+            st = os.stat(path)
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            stamp = None
+        if stamp is not None and self._kubelet_cache is not None and self._kubelet_cache[0] == stamp:
+            return self._kubelet_cache[1]
+        ckpt = read_kubelet_checkpoint(path)
+        if stamp is not None:
+            self._kubelet_cache = (stamp, ckpt)
+        return ckpt
 
     def limits_for(self, alloc: Allocation, pod: Mapping[str, Any]) -> Limits:
         gpus = [self.state.inventory.gpus[c] for c in alloc.cards]
@@ -376,17 +404,6 @@ class AllocationService:
     def _observe(self, t0: float, ok: bool, reason: str = "") -> None:
         if self.events is not None:
             self.events.observe_allocate(time.perf_counter() - t0, ok, reason)
-
-
-def _group(inv: Any, device_ids: list[str], kind: str) -> dict[int, list[str]]:
-    out: dict[int, list[str]] = {}
-    for d in device_ids:
-        uuid, k = devids.split(d)
-        gpu = inv.by_uuid(uuid)
-        if gpu is None or k != kind:
-            raise devids.BadDeviceID(f"{d!r} is not a device of this plugin on this node")
-        out.setdefault(gpu.index, []).append(d)
-    return out
 
 
 def _identity(a: Allocation) -> tuple[str, str]:

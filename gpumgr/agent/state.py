@@ -47,6 +47,8 @@ class NodeState:
             trial = self.ledger.copy()
             result = change(trial)
             await self._save(trial)
+            for i, reasons in self.health_reasons.items():  # health may have changed during the write
+                trial.set_healthy(i, not reasons)
             self.ledger = trial
         await self._bump()
         return result

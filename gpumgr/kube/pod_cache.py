@@ -1,13 +1,13 @@
 """The pods on this node, kept current by a list + watch in a background thread.
 
-Readers get copies from the event loop; `changed` is set whenever something changed, so the agent can react
-(free the cards of pods that are gone). `refresh()` does a live list, for when a pod must be seen now.
+Readers get the cached objects, which are never changed in place (a change replaces the whole entry); a
+listener is told whenever something changed, so the agent can react (free the cards of pods that are gone).
+`refresh()` does a live list, for when a pod must be seen now.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import threading
 import time
@@ -52,13 +52,13 @@ class PodCache:
 
     # -- reading --------------------------------------------------------------------------------------------
     def pods(self) -> list[dict[str, Any]]:
+        """The cached pods. Read-only: entries are replaced whole on every change, never edited in place."""
         with self._lock:
-            return [copy.deepcopy(p) for p in self._pods.values()]
+            return list(self._pods.values())
 
     def get(self, uid: str) -> dict[str, Any] | None:
         with self._lock:
-            p = self._pods.get(uid)
-            return copy.deepcopy(p) if p else None
+            return self._pods.get(uid)
 
     async def refresh(self) -> None:
         """A live list now (the watch may lag behind a pod that was just bound here)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -71,7 +71,10 @@ class SimNode:
         """Until both plugins are registered and the kubelet has their device lists."""
         for res in (podspec.RESOURCE_CORE, podspec.RESOURCE_MEMORY):
             await self.kubelet.wait_registered(res, timeout=timeout)
-            await self.kubelet.wait_for(lambda r=res: bool(self.kubelet.devices(r)), timeout)
+            await self.kubelet.wait_for(self._has_devices(res), timeout)
+
+    def _has_devices(self, resource: str) -> Callable[[], bool]:
+        return lambda: bool(self.kubelet.devices(resource))
 
     async def stop_agent(self) -> None:
         if self.agent:

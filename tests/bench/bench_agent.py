@@ -1,0 +1,113 @@
+"""Node agent: admission round trip through the kubelet emulator with 110 pods on the node, agent start to
+registered, and the agent's RSS after 500 allocations. The agent runs as its own process (`gpumgr run`)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from gpumgr import podspec
+from gpumgr.sim.kubeapi import KubeApiServer
+from gpumgr.sim.kubelet import ContainerRequest, KubeletEmulator
+from tests.bench.stats import summary_ms
+from tests.e2e.agent_process import AgentProcess, write_spec
+from tests.helpers import topo_path
+
+CORE, MEM = podspec.RESOURCE_CORE, podspec.RESOURCE_MEMORY
+NODE = "bench-node"
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def time_rpcs(into: dict[str, list[float]]) -> None:
+    """Record how long each Allocate and PreStartContainer takes as the kubelet sees it."""
+    from gpumgr.sim.kubelet import endpoint
+
+    cls = endpoint.PluginEndpoint
+    for name in ("allocate", "pre_start_container"):
+        orig = getattr(cls, name)
+
+        async def timed(self, *a, __orig=orig, __name=name, **k):  # type: ignore[no-untyped-def]
+            t = time.perf_counter()
+            try:
+                return await __orig(self, *a, **k)
+            finally:
+                into.setdefault(f"{__name} {self.resource}", []).append(time.perf_counter() - t)
+
+        setattr(cls, name, timed)
+
+
+async def run() -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="gb", dir="/tmp"))
+    spec = write_spec(workdir / "node.yaml", topo_path("dgx-a100"), 40960)
+    api = KubeApiServer()
+    await api.start()
+    api.write_kubeconfig(workdir / "kubeconfig")
+    api.store.create_node({"metadata": {"name": NODE}})
+    kubelet = KubeletEmulator(workdir / "dp")
+    await kubelet.start()
+    agent = AgentProcess(workdir, NODE, spec, "--log-level", "warning")
+    try:
+        t0 = time.perf_counter()
+        agent.start()
+        for res in (CORE, MEM):
+            await kubelet.wait_registered(res, timeout=60)
+        started = time.perf_counter() - t0
+        await kubelet.wait_for(lambda: bool(kubelet.devices(CORE)) and bool(kubelet.devices(MEM)), 30)
+        print(f"  agent process start to both plugins registered: {started * 1000:.0f} ms")
+        assert agent.proc is not None
+        base_rss = rss_mib(agent.proc.pid)
+
+        async def admit(name: str, cores: int = 1, mem: int = 1) -> float:
+            limits = {CORE: str(cores), MEM: str(mem)}
+            pod = api.store.create_pod({
+                "metadata": {"name": name, "namespace": "default", "uid": str(uuid.uuid4())},
+                "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x",
+                                                            "resources": {"limits": limits}}]}})
+            t = time.perf_counter()
+            await kubelet.admit_pod(pod["metadata"]["uid"], [ContainerRequest("main", {CORE: cores, MEM: mem})])
+            took = time.perf_counter() - t
+            api.store.set_pod_phase("default", name, "Running")
+            return took
+
+        for i in range(110):
+            await admit(f"base-{i}")
+        samples = []
+        rpcs: dict[str, list[float]] = {}
+        time_rpcs(rpcs)
+        for i in range(200):  # keep 110 pods on the node: admit one, remove one
+            samples.append(await admit(f"churn-{i}"))
+            uid = api.store.get_pod("default", f"churn-{i}")["metadata"]["uid"]
+            api.store.delete_pod("default", f"churn-{i}")
+            await kubelet.remove_pod(uid)
+        print(f"  admission round trip with 110 pods on the node (GetPreferredAllocation + Allocate for both "
+              f"resources + PreStartContainer, both sides' fsync'd checkpoints): {summary_ms(samples)}")
+        for name, vals in sorted(rpcs.items()):
+            if name.startswith("allocate") or CORE in name:
+                print(f"    {name} round trip: {summary_ms(vals)}")
+        for i in range(500 - 110):
+            await admit(f"more-{i}")
+        await asyncio.sleep(1)
+        print(f"  agent RSS: {base_rss:.1f} MiB at start, {rss_mib(agent.proc.pid):.1f} MiB with 500 allocations")
+    finally:
+        agent.stop()
+        await kubelet.stop()
+        await api.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main() -> None:
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()
