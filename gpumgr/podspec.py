@@ -6,8 +6,10 @@ Pods are handled as API JSON (camelCase dicts), the form the scheduler sends to 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 RESOURCE_CORE = "tencent.com/vcuda-core"
@@ -24,18 +26,31 @@ ANN_GPU_MODEL_EXCLUDE = "gpumgr.io/gpu-model-exclude"  # pod: comma list of refu
 ANN_NODE_INVENTORY = "gpumgr.io/gpu-inventory"  # node: JSON published by the agent (see docs/annotations.md)
 
 
+_QUANTITY = re.compile(r"^([+]?)(\d+(?:\.\d*)?|\.\d+)(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?$")
+_SUFFIX = {"": 1, "m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+           "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
 def quantity(value: Any) -> int:
-    """Extended resources are whole numbers; accept ints and their string forms."""
+    """Extended resources are whole numbers. Accept ints and Kubernetes quantity strings ("30", "1k" as
+    kube-scheduler canonicalises 1000, "2e3", "1000m"), refusing anything that is not a whole number."""
     if value is None:
         return 0
     if isinstance(value, bool):
         raise ValueError(f"not a quantity: {value!r}")
     if isinstance(value, int):
         return value
-    text = str(value).strip()
-    if text.isdigit():
-        return int(text)
-    raise ValueError(f"not a whole-number quantity: {value!r}")
+    m = _QUANTITY.match(str(value).strip())
+    if not m:
+        raise ValueError(f"not a quantity: {value!r}")
+    number = Fraction(m.group(2))
+    if m.group(3):
+        number *= Fraction(10) ** int(m.group(3)[1:])
+    else:
+        number *= _SUFFIX[m.group(4) or ""]
+    if number.denominator != 1:
+        raise ValueError(f"not a whole-number quantity: {value!r}")
+    return int(number)
 
 
 def container_ask(container: Mapping[str, Any], index: int, init: bool = False) -> ContainerAsk:

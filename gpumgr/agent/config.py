@@ -17,6 +17,8 @@ class AgentConfig:
     simulate: str = ""  # node spec file: use the simulated backend
     driver_root: str = "/usr/lib/x86_64-linux-gnu"
     shim_dir: str = "/etc/gpu-manager/vdriver"
+    shim_source: str = "/usr/local/lib/gpumgr/libvcuda.so"
+    nvml_lib: str = ""  # explicit libnvidia-ml.so.1 for the agent itself (e.g. /host/usr/lib/.../libnvidia-ml.so.1)
     dev_root: Path = Path("/dev")
     proc_root: Path = Path("/proc")
     cgroup_root: Path = Path("/sys/fs/cgroup")

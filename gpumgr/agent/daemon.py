@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from pathlib import Path
 from typing import Any
 
-from gpumgr import node_inventory, podspec
+from gpumgr import node_inventory, podspec, vdriver
 from gpumgr.agent.config import AgentConfig
 from gpumgr.agent.reconcile import reconcile
 from gpumgr.agent.service import AllocationService, ServiceConfig
 from gpumgr.agent.state import NodeState
+from gpumgr.cgroups import CgroupReader
 from gpumgr.checkpoint import CheckpointError, CheckpointStore
 from gpumgr.deviceplugin.response import ResponseConfig
 from gpumgr.deviceplugin.servicer import PluginServicer
@@ -25,6 +27,7 @@ from gpumgr.devices.backend import Backend
 from gpumgr.health import HealthConfig, HealthMonitor
 from gpumgr.kube.client import KubeClient
 from gpumgr.kube.pod_cache import PodCache
+from gpumgr.metrics import AgentMetrics, MetricsServer, UsageReader, build_app, parse_addr, start_http
 from gpumgr.node_labels import labels_patch, node_labels
 from gpumgr.vdevice.layout import VDeviceLayout
 from gpumgr.vdevice.server import VDeviceManager
@@ -45,9 +48,11 @@ class Agent:
         self.pods: PodCache | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._poke = asyncio.Event()
+        self._published = False
         self.started = False
         self.health: HealthMonitor | None = None
-        self.metrics: Any = None
+        self.metrics: AgentMetrics | None = None
+        self.http: MetricsServer | None = None
 
     @property
     def ready(self) -> bool:
@@ -74,14 +79,27 @@ class Agent:
             log.error("pods on node %s not listed within %.0fs; carrying on, freeing nothing until they are",
                       cfg.node_name, POD_SYNC_TIMEOUT_S)
 
+        shim_dir = Path(cfg.shim_dir)
+        await loop.run_in_executor(None, vdriver.install_shim, Path(cfg.shim_source), shim_dir)
+        staged = await loop.run_in_executor(None, vdriver.stage_driver, Path(cfg.driver_root),
+                                            vdriver.driver_dir(shim_dir))
+        log.info("driver libraries: %d NVIDIA entries from %s staged in %s", staged, cfg.driver_root,
+                 vdriver.driver_dir(shim_dir))
+        metrics = AgentMetrics()
+        self.metrics = metrics
+        reader = UsageReader(state, self.backend, self.pods.get, CgroupReader(cfg.cgroup_root))
+        self.http = await start_http(build_app(metrics, reader, ready=lambda: self.ready),
+                                     *parse_addr(cfg.metrics_addr))
+        log.info("metrics on %s/metric (also /graph, /usage, /healthz, /readyz)", self.http.url)
+
         layout = VDeviceLayout(cfg.vdevice_root)
-        vdevices = VDeviceManager(layout, cfg.proc_root)
+        vdevices = VDeviceManager(layout, cfg.proc_root, on_register=metrics.vdevice_registration)
         self.service = AllocationService(
             state, self.pods, layout, vdevices,
             ServiceConfig(kubelet_checkpoint=cfg.kubelet_checkpoint,
-                          response=ResponseConfig(dev_root=cfg.dev_root, driver_root=cfg.driver_root,
+                          response=ResponseConfig(dev_root=cfg.dev_root, driver_dir=str(vdriver.driver_dir(shim_dir)),
                                                   shim_dir=cfg.shim_dir, cdi=cfg.cdi)),
-            annotator=self.kube,
+            annotator=self.kube, events=metrics,
         )
         await reconcile(self.service, self.pods.synced, cfg.grace_s, "start")
         self.health = HealthMonitor(
@@ -90,14 +108,14 @@ class Agent:
                          temp_healthy_c=cfg.temp_healthy_c),
             on_transition=self._on_health, on_xid=self._on_xid)
         await self.health.start()  # health is known before the plugins first list their devices
-        await self.publish_inventory()
+        self._published = await self.publish_inventory()
         await self.publish_labels()
 
         self.supervisor = PluginSupervisor(cfg.device_plugin_dir, [
             PluginSpec(podspec.RESOURCE_CORE, "vcore.sock", PluginServicer(self.service, "c", podspec.RESOURCE_CORE)),
             PluginSpec(podspec.RESOURCE_MEMORY, "vmemory.sock",
                        PluginServicer(self.service, "m", podspec.RESOURCE_MEMORY)),
-        ])
+        ], on_register=self._on_register)
         await self.supervisor.start()
         self._tasks.append(asyncio.create_task(self._reconcile_loop()))
         self._tasks.append(asyncio.create_task(self._publish_loop()))
@@ -171,6 +189,10 @@ class Agent:
         except Exception as e:  # noqa: BLE001 - labels are retried at the next start
             log.warning("labelling node %s failed: %s", cfg.node_name, e)
 
+    def _on_register(self, resource: str, again: bool) -> None:
+        if again and self.metrics is not None:
+            self.metrics.reregistration(resource)
+
     def _on_health(self, index: int, healthy: bool, reason: str) -> None:
         if self.metrics is not None:
             self.metrics.health_transition(index, healthy, reason)
@@ -182,14 +204,14 @@ class Agent:
     async def _publish_loop(self) -> None:
         assert self.state is not None
         st = self.state
-        seen = tuple(st.healthy(g.index) for g in st.inventory.gpus)
+        seen = tuple(st.healthy(g.index) for g in st.inventory.gpus) if self._published else None
         version = st.version
         while True:
-            version = await st.wait_change(version, timeout=30)
+            version = await st.wait_change(version, timeout=5 if seen is None else 30)
             now = tuple(st.healthy(g.index) for g in st.inventory.gpus)
             if now == seen:
                 continue
-            if await self.publish_inventory():
+            if await self.publish_inventory():  # retried every few seconds until the API takes it
                 seen = now
 
     async def stop(self) -> None:
@@ -204,5 +226,7 @@ class Agent:
         if self.service:
             await self.service.drain()
             await self.service.vdevices.stop_all()
+        if self.http is not None:
+            await self.http.close()
         if self.pods:
             self.pods.stop()

@@ -83,10 +83,11 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
             continue
         restore.append(service._allocation_for(binding.Candidate(pod, ask, None, ()), cards, key, verified=True))
 
-    if release or restore:
+    if release:
+        removed = await service.release(release, f"reconcile ({why}): no live pod holds it")
+        report.vdevices_removed += len(removed)
+    if restore:
         def apply(ledger: Ledger) -> None:
-            for k in release:
-                ledger.release(k)
             for a in restore:
                 ledger.release(a.key)  # a guessed owner the kubelet contradicts
                 try:
@@ -102,8 +103,6 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
                 report.restored += 1
 
         await state.commit(apply)
-        for k in release:
-            await service.vdevices.stop(k)
     for c in report.conflicts:
         log.error("reconcile (%s): the kubelet says a running pod holds cards the ledger cannot give it: %s", why, c)
 
@@ -115,7 +114,7 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
             continue
         limits = service.limits_for(a, pods[uid])
         if running.get(a.key) != limits:
-            await service.vdevices.start(a.key, limits)
+            await service.vdevices.start(a.key, limits, service.bus_ids(a))
             report.vdevices_started += 1
             service.schedule_annotations(uid)
     keep = set(state.ledger.allocations)

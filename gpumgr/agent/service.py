@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpumgr import binding, podspec
+from gpumgr import binding, podspec, vdriver
 from gpumgr.agent.errors import PluginError
 from gpumgr.agent.state import NodeState
 from gpumgr.allocator import Allocation, InvalidRequest, LedgerError, NoFit, Request, choose
@@ -45,6 +45,9 @@ class PodSource(Protocol):
 
 class Annotator(Protocol):
     async def patch_pod_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> bool:
+        ...
+
+    async def record_event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
         ...
 
 
@@ -156,6 +159,10 @@ class AllocationService:
         existing = self.state.ledger.held_by(key)
         if existing is not None:  # the kubelet asking again for the same IDs: same answer
             return self._response(existing)
+        shim = vdriver.shim_path(Path(self.config.response.shim_dir))
+        if cores < 100 and self.config.require_shim and not shim.is_file():
+            raise PluginError.precondition(f"the vCUDA shim is not installed at {shim}: a fractional container "
+                                           "would run with no limits (check --shim-source)", "no_shim")
         cand = await self._guess(cores, cards)
         alloc = self._allocation_for(cand, cards, key) if cand else Allocation(
             key=key, cards=cards, cores=cores, memory_mib=0 if cores >= 100 else self.state.memory_unit_mib,
@@ -253,6 +260,15 @@ class AllocationService:
         if pod is None:
             raise PluginError.precondition(f"pod {uid} (owner of these devices per the kubelet) is not on node "
                                            f"{self.state.node_name} in the API", "no_pod")
+        try:
+            await self._verify(pod, container, cards, cores, key)
+        except PluginError as e:
+            self._background(self._warn(pod, "GPUPreStartFailed", e.message))
+            raise
+
+    async def _verify(self, pod: Mapping[str, Any], container: str, cards: tuple[int, ...],
+                      cores: int, key: str) -> None:
+        uid = str(pod["metadata"]["uid"])
         ask = binding.find_container(pod, container)
         if ask is None or ask.cores != cores:
             raise PluginError.precondition(
@@ -281,7 +297,7 @@ class AllocationService:
                                                f"{container} does not fit on cards {list(cards)}: {e}",
                                                "no_fit") from None
         limits = self.limits_for(truth, pod)
-        await self.vdevices.start(key, limits)
+        await self.vdevices.start(key, limits, self.bus_ids(truth))
         log.info("prestart: pod %s/%s container %s verified on cards %s (key %s)", meta.get("namespace"),
                  meta.get("name"), container, list(cards), key)
         self.schedule_annotations(uid)
@@ -323,6 +339,10 @@ class AllocationService:
             self._kubelet_cache = (stamp, ckpt)
         return ckpt
 
+    def bus_ids(self, alloc: Allocation) -> frozenset[str]:
+        gpus = [self.state.inventory.gpus[c] for c in alloc.cards]
+        return frozenset(g.bus_id for g in gpus if g.bus_id)
+
     def limits_for(self, alloc: Allocation, pod: Mapping[str, Any]) -> Limits:
         gpus = [self.state.inventory.gpus[c] for c in alloc.cards]
         if alloc.cores >= 100:
@@ -330,6 +350,8 @@ class AllocationService:
                           hard_limit=True, core_ceiling=0,
                           devices=tuple(DeviceLimit(g.uuid, g.index, 0) for g in gpus))
         ceiling = binding.core_ceiling(pod)
+        if ceiling is not None:
+            ceiling = max(ceiling, alloc.cores)  # a ceiling below the share would be a harder limit than asked
         return Limits(
             pod_uid=alloc.meta["pod_uid"], container_name=alloc.meta["container"], core_limit=alloc.cores,
             hard_limit=ceiling is None, core_ceiling=ceiling or 0,
@@ -338,11 +360,17 @@ class AllocationService:
 
     # -- pod annotations ------------------------------------------------------------------------------------
     def schedule_annotations(self, uid: str) -> None:
-        if self.annotator is None:
-            return
-        task = asyncio.get_running_loop().create_task(self._annotate(uid))
+        if self.annotator is not None:
+            self._background(self._annotate(uid))
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._annotate_tasks.add(task)
         task.add_done_callback(self._annotate_tasks.discard)
+
+    async def _warn(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
+        if self.annotator is not None:
+            await self.annotator.record_event(pod, reason, message)
 
     async def _annotate(self, uid: str) -> None:
         pod = self.pods.get(uid)
@@ -414,3 +442,4 @@ def _identity(a: Allocation) -> tuple[str, str]:
 class ServiceConfig:
     kubelet_checkpoint: Path
     response: response.ResponseConfig
+    require_shim: bool = True

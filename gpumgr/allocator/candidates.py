@@ -23,3 +23,18 @@ def snugness(topo: Topology, cards: list[int], free: list[int]) -> int:
     and leaves larger groups intact."""
     group = set(topo.group_of(cards).gpus)
     return sum(1 for f in free if f in group)
+
+
+def group_pressure(topo: Topology, card: int, free: list[int]) -> int:
+    """Free cards in the smallest tree group that holds `card` and another free card (0 if none): taking a card
+    from a small group leaves the larger groups whole."""
+    others = [f for f in free if f != card]
+    node = topo.tree
+    best = 0
+    while True:
+        inside = [c for c in node.children if card in c.gpus]
+        if not inside:
+            return best
+        node = inside[0]
+        if node.level != "GPU" and any(o in node.gpus for o in others):
+            best = sum(1 for f in free if f in node.gpus)

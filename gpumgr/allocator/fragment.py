@@ -6,7 +6,7 @@ tree group, then the lowest number. Large well-connected free groups stay intact
 
 from __future__ import annotations
 
-from gpumgr.allocator.candidates import free_cards, isolation, snugness
+from gpumgr.allocator.candidates import free_cards, group_pressure, isolation
 from gpumgr.allocator.errors import NoFit
 from gpumgr.allocator.ledger import Ledger
 from gpumgr.topology import Topology
@@ -17,7 +17,7 @@ def rank_free(topo: Topology, free: list[int]) -> list[int]:
 
     def score(c: int) -> tuple[object, ...]:
         iso = isolation(topo, c, free)
-        return (tuple((-a, -b) for a, b in iso), snugness(topo, [c], free), c)
+        return (tuple((-a, -b) for a, b in iso), group_pressure(topo, c, free), c)
 
     return sorted(free, key=score)
 

@@ -10,9 +10,11 @@ import signal
 import sys
 from pathlib import Path
 
+from gpumgr.agent.config import AgentConfig
 from gpumgr.commands.common import env_default
 
 log = logging.getLogger("gpumgr")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -23,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        f"{flag.lstrip('-').upper().replace('-', '_')})", **kw)  # type: ignore[arg-type]
 
     opt("--node-name", os.environ.get("NODE_NAME"), "this node's name (default: env NODE_NAME)")
+    if not p.get_default("node_name"):
+        p.set_defaults(node_name=os.environ.get("NODE_NAME"))
     opt("--kubeconfig", "", "kubeconfig file; empty = in-cluster")
     opt("--device-plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet device-plugin directory")
     opt("--vdevice-root", "/etc/gpu-manager/vm", "host directory of the per-container vDevice directories")
@@ -30,7 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     opt("--memory-unit-mib", "256", "MiB per tencent.com/vcuda-memory unit", type=int)
     opt("--simulate", "", "node spec (YAML/JSON): use the simulated GPU backend instead of NVML")
     opt("--driver-root", "/usr/lib/x86_64-linux-gnu", "host directory of the NVIDIA driver libraries")
-    opt("--shim-dir", "/etc/gpu-manager/vdriver", "host directory holding lib64/libvcuda.so")
+    opt("--shim-dir", "/etc/gpu-manager/vdriver", "host directory the agent fills with lib64/libvcuda.so and "
+        "driver/ (the NVIDIA libraries) for GPU containers to mount")
+    opt("--shim-source", "/usr/local/lib/gpumgr/libvcuda.so", "the shim in the agent's image, copied to --shim-dir")
+    opt("--nvml-lib", "", "libnvidia-ml.so.1 for the agent itself (e.g. under /host/usr/lib/...); empty = the "
+        "loader's search path")
     opt("--dev-root", "/dev", "where the agent looks for /dev/nvidia-uvm*")
     opt("--proc-root", "/proc", "the host's /proc (host PIDs)")
     opt("--cgroup-root", "/sys/fs/cgroup", "the host's cgroup mount")
@@ -42,45 +50,62 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     opt("--temp-unhealthy", "95", "temperature (C) at which a card turns unhealthy", type=int)
     opt("--temp-healthy", "90", "temperature (C) below which it is healthy again", type=int)
     opt("--label-prefix", "gpumgr.io/", "prefix of the node labels")
-    opt("--log-level", "info", "debug, info, warning, error", choices=["debug", "info", "warning", "error", "critical"])
-    p.add_argument("--cdi", action="store_true", default=env_default("--cdi", "") in ("1", "true", "yes"),
+    opt("--log-level", "info", "debug, info, warning, error")
+    p.add_argument("--cdi", action="store_true",
+                   default=str(env_default("--cdi", "")).strip().lower() in ("1", "true", "yes", "on"),
                    help="also answer Allocate with CDI device names (env GPUMGR_CDI)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumgr.agent.config import AgentConfig
-    from gpumgr.docfile import InputError
-
-    if not args.node_name:
-        raise InputError("--node-name (or env NODE_NAME) is required")
-    try:
-        xids = tuple(int(x) for x in str(args.health_ignore_xids).split(",") if x.strip())
-    except ValueError:
-        bad = args.health_ignore_xids
-        raise InputError(f"--health-ignore-xids must be a comma list of numbers, got {bad!r}") from None
-    if args.memory_unit_mib <= 0:
-        raise InputError("--memory-unit-mib must be positive")
-    cfg = AgentConfig(
-        node_name=args.node_name, kubeconfig=args.kubeconfig, device_plugin_dir=Path(args.device_plugin_dir),
-        vdevice_root=Path(args.vdevice_root), checkpoint_dir=Path(args.checkpoint_dir),
-        memory_unit_mib=args.memory_unit_mib, simulate=args.simulate, driver_root=args.driver_root,
-        shim_dir=args.shim_dir, dev_root=Path(args.dev_root), proc_root=Path(args.proc_root),
-        cgroup_root=Path(args.cgroup_root), metrics_addr=args.metrics_addr, check_period_s=args.check_period,
-        grace_s=args.unrecorded_grace,
-        health_ignore_xids=xids, temp_unhealthy_c=args.temp_unhealthy, temp_healthy_c=args.temp_healthy,
-        label_prefix=args.label_prefix, cdi=bool(args.cdi),
-    )
+    cfg = config_from(args)
     return asyncio.run(_main(cfg))
 
 
-async def _main(cfg: object) -> int:
-    from gpumgr.agent.config import AgentConfig
+def config_from(args: argparse.Namespace) -> AgentConfig:
+    """Check every flag before anything starts: a bad value is one clear line and exit 2, never a traceback."""
+    from gpumgr.docfile import InputError
+    from gpumgr.health_config import HealthConfig
+
+    if not args.node_name:
+        raise InputError("--node-name (or env GPUMGR_NODE_NAME / NODE_NAME) is required")
+    try:
+        xids = tuple(int(x) for x in str(args.health_ignore_xids).split(",") if x.strip())
+    except ValueError:
+        raise InputError(f"--health-ignore-xids must be a comma list of numbers, got {args.health_ignore_xids!r}") \
+            from None
+    if args.log_level not in LOG_LEVELS:
+        raise InputError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
+    for flag, value, low in (("--memory-unit-mib", args.memory_unit_mib, 1), ("--check-period", args.check_period, 0.1),
+                             ("--unrecorded-grace", args.unrecorded_grace, 0)):
+        if value < low:
+            raise InputError(f"{flag} must be at least {low}, got {value}")
+    try:
+        HealthConfig(ignored_xids=frozenset(xids), temp_unhealthy_c=args.temp_unhealthy,
+                     temp_healthy_c=args.temp_healthy)
+    except ValueError as e:
+        raise InputError(f"health settings: {e}") from None
+    host, _, port = str(args.metrics_addr).rpartition(":")
+    if not host or not port.isdigit():
+        raise InputError(f"--metrics-addr must be HOST:PORT, got {args.metrics_addr!r}")
+    return AgentConfig(
+        node_name=args.node_name, kubeconfig=args.kubeconfig, device_plugin_dir=Path(args.device_plugin_dir),
+        vdevice_root=Path(args.vdevice_root), checkpoint_dir=Path(args.checkpoint_dir),
+        memory_unit_mib=args.memory_unit_mib, simulate=args.simulate, driver_root=args.driver_root,
+        shim_dir=args.shim_dir, shim_source=args.shim_source, nvml_lib=args.nvml_lib,
+        dev_root=Path(args.dev_root), proc_root=Path(args.proc_root), cgroup_root=Path(args.cgroup_root),
+        metrics_addr=args.metrics_addr, check_period_s=args.check_period, grace_s=args.unrecorded_grace,
+        health_ignore_xids=xids, temp_unhealthy_c=args.temp_unhealthy, temp_healthy_c=args.temp_healthy,
+        label_prefix=args.label_prefix, cdi=bool(args.cdi),
+    )
+
+
+async def _main(cfg: AgentConfig) -> int:
     from gpumgr.agent.daemon import Agent
+    from gpumgr.checkpoint import CheckpointError
     from gpumgr.devices.backend import Backend
     from gpumgr.kube.client import KubeClient
 
-    assert isinstance(cfg, AgentConfig)
     backend: Backend
     if cfg.simulate:
         from gpumgr.devices.simulated import SimulatedBackend
@@ -89,7 +114,7 @@ async def _main(cfg: object) -> int:
     else:
         from gpumgr.devices.nvml import NvmlBackend
 
-        backend = NvmlBackend()
+        backend = NvmlBackend(library=cfg.nvml_lib or None)
     try:
         kube = KubeClient.connect(cfg.kubeconfig or None)
     except Exception as e:  # noqa: BLE001 - one clear line instead of a traceback
@@ -101,8 +126,12 @@ async def _main(cfg: object) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await agent.start()
-        log.info("agent ready on node %s", cfg.node_name)
+        try:
+            await agent.start()
+        except (OSError, CheckpointError, ValueError) as e:
+            log.error("the agent could not start: %s", e)
+            return 1
+        log.info("agent started on node %s; plugins registering with the kubelet", cfg.node_name)
         await stop.wait()
     finally:
         await agent.stop()

@@ -17,7 +17,7 @@ SHIM_LIB = "libvcuda.so"
 @dataclass(frozen=True)
 class ResponseConfig:
     dev_root: Path = Path("/dev")
-    driver_root: str = "/usr/lib/x86_64-linux-gnu"
+    driver_dir: str = "/etc/gpu-manager/vdriver/driver"  # the staged NVIDIA libraries (vdriver.py)
     shim_dir: str = "/etc/gpu-manager/vdriver"
     cdi: bool = False
     cdi_kind: str = "nvidia.com/gpu"
@@ -37,7 +37,7 @@ def build(cfg: ResponseConfig, gpus: list[GPU], cores: int, memory_bytes: int, v
                                               permissions="rw"))
     resp.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in gpus)
     libs = [CONTAINER_DRIVER_DIR]
-    resp.mounts.append(pb.Mount(container_path=CONTAINER_DRIVER_DIR, host_path=cfg.driver_root, read_only=True))
+    resp.mounts.append(pb.Mount(container_path=CONTAINER_DRIVER_DIR, host_path=cfg.driver_dir, read_only=True))
     resp.mounts.append(pb.Mount(container_path=CONTAINER_VDEVICE_DIR, host_path=str(vdevice_dir), read_only=True))
     if fractional:
         libs.insert(0, f"{CONTAINER_SHIM_DIR}/lib64")

@@ -19,8 +19,10 @@ _ANCESTOR_LEVEL = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "S
 
 
 class NvmlBackend:
-    def __init__(self, nvml: ModuleType | None = None):
+    def __init__(self, nvml: ModuleType | None = None, library: str | None = None):
         self._nv = nvml if nvml is not None else _import_pynvml()
+        if library:
+            self._load_library(library)
         self._call(self._nv.nvmlInit, "initialise NVML")
         self._handles: list[Any] = []
         self._inv: Inventory | None = None
@@ -194,6 +196,15 @@ class NvmlBackend:
             return es
         except nv.NVMLError:
             return False
+
+    def _load_library(self, path: str) -> None:
+        """Use this libnvidia-ml.so.1 (pynvml loads `nvmlLib` once, from the loader's path, unless it is set)."""
+        import ctypes
+
+        try:
+            setattr(self._nv, "nvmlLib", ctypes.CDLL(path))  # noqa: B010 - pynvml has no setter
+        except OSError as e:
+            raise DiscoveryError(f"cannot load the NVML library {path}: {e}") from None
 
     def _handle(self, index: int) -> Any:
         if not self._handles:

@@ -84,10 +84,6 @@ class KubeClient:
                 raise
         return False
 
-    async def fail_pod(self, namespace: str, name: str, reason: str, message: str) -> None:
-        body = {"status": {"phase": "Failed", "reason": reason, "message": message}}
-        await self._run(self.core.patch_namespaced_pod_status, name, namespace, body)
-
     async def record_event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
         from kubernetes import client
 

@@ -29,6 +29,18 @@ log = logging.getLogger("gpumgr.sim")
 Container = tuple[str, int, int]  # (name, vcuda-core, vcuda-memory units)
 
 
+def shim_source_for(workdir: Path) -> Path:
+    """The real shim when it has been built (`make -C vcuda`), else a stand-in file: the simulated node runs no
+    CUDA program, it only needs the agent to find a shim to mount."""
+    built = Path(__file__).resolve().parents[2] / "vcuda" / "build" / "libvcuda.so"
+    if built.is_file():
+        return built
+    stand_in = workdir / "shim-src" / "libvcuda.so"
+    stand_in.parent.mkdir(parents=True, exist_ok=True)
+    stand_in.write_bytes(b"simulated node: stand-in for libvcuda.so\n")
+    return stand_in
+
+
 class SimNode:
     def __init__(self, workdir: Path, inventory: Inventory, node_name: str = "sim-node",
                  api: KubeApiServer | None = None, **agent_options: Any):
@@ -40,6 +52,10 @@ class SimNode:
         self.api = api or KubeApiServer()
         self.kubelet = KubeletEmulator(self.workdir / "dp")
         self.kubeconfig = self.workdir / "kubeconfig"
+        agent_options.setdefault("shim_dir", str(self.workdir / "vdriver"))
+        agent_options.setdefault("metrics_addr", "127.0.0.1:0")
+        agent_options.setdefault("driver_root", str(self.workdir / "driver-root"))
+        agent_options.setdefault("shim_source", str(shim_source_for(self.workdir)))
         self.config = AgentConfig(
             node_name=node_name, kubeconfig=str(self.kubeconfig), device_plugin_dir=self.workdir / "dp",
             vdevice_root=self.workdir / "vm", checkpoint_dir=self.workdir / "ckpt", dev_root=self.workdir / "dev",

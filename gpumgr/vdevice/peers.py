@@ -2,7 +2,8 @@
 
 gRPC over a unix socket does not hand the peer's credentials to Python, so the shim sends its own PID (as its
 PID namespace sees it) and the agent, which runs with the host's PID namespace, finds the host process whose
-`NSpid` ends with that PID and whose cgroup belongs to the pod.
+`NSpid` ends with that PID and whose cgroup belongs to the pod. Without the pod's cgroup there is no answer
+(0): a PID alone could name any process on the host.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ def host_pid(proc_root: Path, ns_pid: int, pod_uid: str) -> int:
     if ns_pid <= 0:
         return 0
     uid_forms = {pod_uid, pod_uid.replace("-", "_")}
-    same_ns = 0
     try:
         entries = list(proc_root.iterdir())
     except OSError:
@@ -30,13 +30,10 @@ def host_pid(proc_root: Path, ns_pid: int, pod_uid: str) -> int:
         nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), None)
         if not nspid or int(nspid[-1]) != ns_pid:
             continue
-        if len(nspid) == 1:
-            same_ns = int(entry.name)  # caller shares our PID namespace: its PID is the host PID
-            continue
         try:
             cgroup = (entry / "cgroup").read_text()
         except OSError:
             continue
         if any(u in cgroup for u in uid_forms):
             return int(entry.name)
-    return same_ns
+    return 0  # not found in the pod: the caller falls back to its own PID

@@ -2,7 +2,9 @@
 
 The socket a call arrives on says which container calls (each container mounts only its own directory), so
 the request may be empty. Fields that are sent must agree with that container, or the call is refused with
-PERMISSION_DENIED and nothing is answered. All servers of a pod stop together when the pod is gone.
+PERMISSION_DENIED and nothing is answered: another pod's UID or container name, bus ids of cards the
+container does not hold, or a container ID the calling process is not in. A malformed container ID is
+INVALID_ARGUMENT. All servers of a pod stop together when the pod is gone.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import grpc
 
 from gpumgr.pb import vdevice_pb2 as pb
 from gpumgr.pb import vdevice_pb2_grpc as pb_grpc
-from gpumgr.vdevice.layout import VDeviceLayout
+from gpumgr.vdevice.layout import BadName, VDeviceLayout, check_container_id
 from gpumgr.vdevice.limits import Limits
 from gpumgr.vdevice.peers import host_pid
 
@@ -24,9 +26,11 @@ log = logging.getLogger("gpumgr.vdevice")
 
 
 class _Servicer(pb_grpc.VDeviceServicer):
-    def __init__(self, key: str, limits: Limits, proc_root: Path, on_register: Callable[[str, Limits], None]):
+    def __init__(self, key: str, limits: Limits, bus_ids: frozenset[str], proc_root: Path,
+                 on_register: Callable[[str, Limits], None]):
         self.key = key
         self.limits = limits
+        self.bus_ids = bus_ids
         self.proc_root = proc_root
         self.on_register = on_register
 
@@ -42,7 +46,19 @@ class _Servicer(pb_grpc.VDeviceServicer):
                         self.key, request.container_name, lim.pod_uid, lim.container_name)
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"this socket serves container {lim.container_name}, not {request.container_name}")
-        hpid = host_pid(self.proc_root, int(request.pid), lim.pod_uid) if request.pid else 0
+        if request.container_id:
+            try:
+                check_container_id(request.container_id)
+            except BadName as e:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        foreign = [b for b in request.bus_ids if b.upper() not in self.bus_ids and _short(b) not in self.bus_ids]
+        if foreign:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"bus ids {foreign} are not cards of container {lim.container_name}")
+        hpid = host_pid(self.proc_root, int(request.pid), lim.pod_uid) if request.pid > 0 else 0
+        if hpid and request.container_id and not _in_container(self.proc_root, hpid, request.container_id):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"process {request.pid} is not in container {request.container_id}")
         self.on_register(self.key, lim)
         log.info("vDevice registration: pod %s container %s pid %d (host %d)", lim.pod_uid, lim.container_name,
                  request.pid, hpid)
@@ -53,23 +69,41 @@ class _Servicer(pb_grpc.VDeviceServicer):
         )
 
 
+def _short(bus: str) -> str:
+    """`00000000:07:00.0` and `0000:07:00.0` name the same card: compare on bus:device.function."""
+    return ":".join(bus.upper().split(":")[-2:])
+
+
+def _in_container(proc_root: Path, pid: int, container_id: str) -> bool:
+    cid = container_id.split("://")[-1]
+    try:
+        return cid in (proc_root / str(pid) / "cgroup").read_text()
+    except OSError:
+        return False
+
+
 class VDeviceManager:
     """Starts and stops the per-container servers; `registrations` counts successful Register calls."""
 
-    def __init__(self, layout: VDeviceLayout, proc_root: Path = Path("/proc")):
+    def __init__(self, layout: VDeviceLayout, proc_root: Path = Path("/proc"),
+                 on_register: Callable[[], None] | None = None):
         self.layout = layout
         self.proc_root = proc_root
+        self.on_register = on_register
         self._servers: dict[str, tuple[grpc.aio.Server, Limits]] = {}
         self.registrations = 0
 
     def _count(self, key: str, limits: Limits) -> None:
         self.registrations += 1
+        if self.on_register is not None:
+            self.on_register()
 
     def running(self) -> dict[str, Limits]:
         return {k: lim for k, (_, lim) in self._servers.items()}
 
-    async def start(self, key: str, limits: Limits) -> None:
-        """Write the limits file and serve the socket (replacing a server with other limits)."""
+    async def start(self, key: str, limits: Limits, bus_ids: frozenset[str] = frozenset()) -> None:
+        """Write the limits file and serve the socket (replacing a server with other limits). `bus_ids`: the
+        PCI bus ids of the container's cards (a Register naming others is refused)."""
         current = self._servers.get(key)
         self.layout.write_limits(key, limits)
         if current and current[1] == limits:
@@ -81,7 +115,8 @@ class VDeviceManager:
             raise ValueError(f"socket path {sock} is longer than a unix socket allows (107 bytes)")
         sock.unlink(missing_ok=True)
         server = grpc.aio.server()
-        pb_grpc.add_VDeviceServicer_to_server(_Servicer(key, limits, self.proc_root, self._count), server)
+        allowed = frozenset({b.upper() for b in bus_ids} | {_short(b) for b in bus_ids})
+        pb_grpc.add_VDeviceServicer_to_server(_Servicer(key, limits, allowed, self.proc_root, self._count), server)
         server.add_insecure_port(f"unix://{sock}")
         await server.start()
         os.chmod(sock, 0o666)

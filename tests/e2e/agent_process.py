@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from gpumgr.sim.node import shim_source_for
+
 
 def write_spec(path: Path, topo_file: Path, memory_mib: int) -> Path:
     path.write_text(yaml.safe_dump({"defaults": {"model": "NVIDIA A100-SXM4-40GB", "memory_mib": memory_mib},
@@ -26,6 +28,8 @@ class AgentProcess:
             "--kubeconfig", str(workdir / "kubeconfig"), "--device-plugin-dir", str(workdir / "dp"),
             "--vdevice-root", str(workdir / "vm"), "--checkpoint-dir", str(workdir / "ckpt"),
             "--dev-root", str(workdir / "dev"), "--simulate", str(spec), "--metrics-addr", "127.0.0.1:0",
+            "--shim-dir", str(workdir / "vdriver"), "--shim-source", str(shim_source_for(workdir)),
+            "--driver-root", str(workdir / "driver-root"),
             "--log-level", "info", *extra,
         ]
         self.proc: subprocess.Popen[bytes] | None = None

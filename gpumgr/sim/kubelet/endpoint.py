@@ -140,6 +140,13 @@ class PluginEndpoint:
             return await method(request, timeout=timeout or self._call_timeout)
         except grpc.aio.AioRpcError as exc:
             raise _rpc_error(name, self.socket_path, exc) from exc
+        except asyncio.CancelledError:
+            # the endpoint was replaced (the plugin re-registered) while this call was in flight: the call fails,
+            # as it does in the kubelet; only a cancellation of our own task propagates
+            task = asyncio.current_task()
+            if self._closed and task is not None and not task.cancelling():
+                raise EndpointError(f"{name}: endpoint for {self.resource} closed during the call") from None
+            raise
 
     @property
     def closed(self) -> bool:

@@ -1,0 +1,152 @@
+"""`gpumgr status`: what a running agent holds and uses, read from its `/usage` and `/graph`, as tables."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from gpumgr.commands.common import env_default
+from gpumgr.docfile import InputError
+
+DEFAULT_ADDR = "http://127.0.0.1:5678"
+
+
+class AgentUnreachable(Exception):
+    """The agent did not answer, or answered something that is not its JSON."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("status", help="show a running agent's cards, holders, usage and free capacity")
+    p.add_argument("--addr", default=env_default("--addr", DEFAULT_ADDR), metavar="URL",
+                   help=f"the agent's metrics address (env GPUMGR_ADDR; default {DEFAULT_ADDR})")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds to wait for the agent")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    base = agent_url(args.addr)
+    if args.timeout <= 0:
+        raise InputError(f"--timeout must be positive, got {args.timeout}")
+    try:
+        usage = fetch_json(base + "/usage", args.timeout)
+        graph = fetch_json(base + "/graph", args.timeout)
+        if args.format == "json":
+            print(json.dumps({"usage": usage, "graph": graph}, indent=1))
+        else:
+            print(render_status(usage, graph))
+    except AgentUnreachable as e:
+        print(f"gpumgr status: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def agent_url(addr: str) -> str:
+    text = addr.strip().rstrip("/")
+    if "://" not in text:
+        text = "http://" + text
+    if not text.startswith("http://") or len(text) <= len("http://"):
+        raise InputError(f"--addr {addr!r}: expected http://host:port")
+    return text
+
+
+def fetch_json(url: str, timeout: float) -> dict[str, Any]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as e:
+        raise AgentUnreachable(f"{url} answered HTTP {e.code} {e.reason}") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise AgentUnreachable(
+            f"cannot reach the agent at {url}: {reason} (is `gpumgr run` up, with --metrics-addr at this address?)"
+        ) from None
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise AgentUnreachable(f"{url} did not answer JSON (is this a gpumgr agent?)") from None
+    if not isinstance(doc, dict):
+        raise AgentUnreachable(f"{url} answered {type(doc).__name__}, expected an object")
+    return doc
+
+
+def render_status(usage: dict[str, Any], graph: dict[str, Any]) -> str:
+    try:
+        parts = [
+            f"Node {usage.get('node', '?')}",
+            "",
+            cards_table(usage["cards"]),
+            "",
+            holders_table(usage["holders"]),
+            "",
+            tree_table(graph["tree"]),
+        ]
+    except (KeyError, TypeError, IndexError) as e:
+        raise AgentUnreachable(f"the agent's answer lacks {e} (agent and CLI versions differ?)") from None
+    return "\n".join(parts)
+
+
+def cards_table(cards: list[dict[str, Any]]) -> str:
+    from gpumgr.render import table
+
+    rows: list[tuple[str, ...]] = [("GPU", "MODEL", "HEALTH", "MODE", "CORES USED", "MEMORY ALLOCATED", "MEMORY USED",
+                                    "UTIL", "TEMP", "HOLDERS")]
+    for c in cards:
+        health = "ok" if c["healthy"] else "UNHEALTHY " + ",".join(c.get("unhealthy_reasons") or [])
+        rows.append((
+            str(c["index"]), str(c["model"]), health.strip(), str(c["mode"]),
+            f"{c['allocated_cores']}/100", f"{c['allocated_memory_mib']}/{c['memory_mib']} MiB",
+            _opt(c.get("used_memory_mib"), " MiB"), _opt(c.get("utilization"), "%"),
+            _opt(c.get("temperature_c"), " C"), str(len(c.get("holders") or [])),
+        ))
+    return table(rows)
+
+
+def holders_table(holders: list[dict[str, Any]]) -> str:
+    from gpumgr.render import table
+
+    if not holders:
+        return "No holders."
+    rows: list[tuple[str, ...]] = [("NAMESPACE", "POD", "CONTAINER", "GPUS", "CORES", "MEMORY", "VERIFIED", "PIDS",
+                                    "MEMORY USED", "UTIL")]
+    for h in holders:
+        u = h.get("usage") or {}
+        pids = str(len(h.get("pids") or [])) if not h.get("pids_error") else f"0 ({h['pids_error']})"
+        rows.append((
+            h["namespace"] or "-", h["pod"], h["container"] or "-", ",".join(str(i) for i in h["cards"]),
+            str(h["cores"]), f"{h['request_memory_mib']} MiB", "yes" if h["verified"] else "no", pids,
+            _opt(u.get("used_memory_mib"), " MiB"), _opt(u.get("utilization"), "%"),
+        ))
+    return table(rows)
+
+
+def tree_table(tree: dict[str, Any]) -> str:
+    from gpumgr.render import table
+
+    rows: list[tuple[str, ...]] = [("GROUP", "GPUS", "FREE WHOLE", "FREE CORES", "FREE MEMORY")]
+
+    def walk(n: dict[str, Any], depth: int) -> None:
+        f = n["free"]
+        label = "  " * depth + (f"GPU{n['gpus'][0]}" if n["level"] == "GPU" else str(n["level"]))
+        if n["level"] == "GPU" and not n.get("card", {}).get("healthy", True):
+            label += " (unhealthy)"
+        rows.append((label, ",".join(str(g) for g in n["gpus"]), f"{f['whole_cards']}/{len(n['gpus'])}",
+                     str(f["cores"]), f"{f['memory_mib']} MiB"))
+        for ch in n["children"]:
+            walk(ch, depth + 1)
+
+    walk(tree, 0)
+    return table(rows)
+
+
+def _opt(value: Any, unit: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"{value}{unit}"

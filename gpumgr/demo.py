@@ -1,0 +1,206 @@
+"""`gpumgr demo`: the whole system on a simulated 8-GPU node, in one process, with no GPU and no cluster.
+
+Kubernetes API test server, kubelet emulator, the node agent (with /metric), the scheduler extender and a
+kube-scheduler stand-in; then a scripted set of pods, printing the cards, holders and the tree at each step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any, TextIO
+
+from gpumgr import podspec
+from gpumgr.devices.spec import load_node_spec
+from gpumgr.render import render_cards, render_tree
+from gpumgr.sim.node import Container, SimNode
+from gpumgr.sim.scheduler import SchedulerEmulator
+
+
+class Demo:
+    def __init__(self, out: TextIO = sys.stdout, metrics_port: int = 5678, keep: bool = False):
+        self.out = out
+        self.metrics_port = metrics_port
+        self.keep = keep
+        self.workdir = Path(tempfile.mkdtemp(prefix="gpumgr-demo-", dir="/tmp"))
+        self.node: SimNode | None = None
+        self.extender: Any = None
+        self.scheduler: SchedulerEmulator | None = None
+        self.step_no = 0
+
+    # -- output ---------------------------------------------------------------------------------------------
+    def say(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    def progress(self, text: str) -> None:
+        self.say(f"  ... {text}")
+
+    def step(self, title: str) -> None:
+        self.step_no += 1
+        self.say()
+        self.say(f"== Step {self.step_no}: {title} " + "=" * max(0, 70 - len(title)))
+
+    def show(self, tree: bool = False) -> None:
+        assert self.node and self.node.agent and self.node.agent.state
+        st = self.node.agent.state
+        self.say(render_cards(st.ledger, st.inventory))
+        if tree:
+            self.say()
+            self.say(render_tree(st.topology, st.ledger, st.inventory))
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        from gpumgr.extender.server import ExtenderServer
+
+        self.say("gpumgr demo: the whole system on a simulated node (no GPU, no cluster needed)")
+        spec = resources.files("gpumgr") / "data" / "demo-node.yaml"
+        with resources.as_file(spec) as spec_path:
+            inventory = load_node_spec(spec_path)
+        self.progress("starting the Kubernetes API test server and the kubelet emulator")
+        addr = f"127.0.0.1:{self.metrics_port}"
+        self.node = SimNode(self.workdir, inventory, node_name="demo-node", metrics_addr=addr)
+        await self.node.start(agent=False)
+        self.progress("starting the node agent (device plugins vcore.sock / vmemory.sock, vDevice servers, /metric)")
+        await self.node.start_agent()
+        self.progress("starting the scheduler extender and a kube-scheduler stand-in")
+        self.extender = ExtenderServer(str(self.node.kubeconfig), policy="binpack")
+        port = await self.extender.start("127.0.0.1", 0)
+        await self.extender.wait_ready(30)
+        self.scheduler = SchedulerEmulator(f"http://127.0.0.1:{port}/gpumgr")
+        await self._wait_extender_sees_node()
+        self.progress(f"ready: node {self.node.node_name} with {inventory.count} x {inventory.gpus[0].name}")
+
+    async def _wait_extender_sees_node(self) -> None:
+        assert self.node
+        for _ in range(200):
+            if self.extender.view.has_node(self.node.node_name):
+                return
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        if self.extender is not None:
+            await self.extender.stop()
+        if self.node is not None:
+            await self.node.stop()
+        if not self.keep:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- pods -----------------------------------------------------------------------------------------------
+    async def submit(self, name: str, containers: list[Container], annotations: dict[str, str] | None = None) -> bool:
+        """Create the pod unbound, let the scheduler + extender place it, then the kubelet admits it."""
+        assert self.node and self.scheduler
+        pod = self.node.create_pod(name, containers, annotations=annotations, bind=False)
+        asks = ", ".join(f"{c[0]}: vcuda-core {c[1]}" + (f", vcuda-memory {c[2]} ({c[2] * 256} MiB)" if c[2] else "")
+                         for c in containers)
+        self.say(f"pod {name} asks {asks}")
+        decision = await self.scheduler.schedule(pod, [self.node.node_name])
+        if decision.node is None:
+            for node, why in decision.reasons.items():
+                self.say(f"  -> not scheduled: {node}: {why}")
+            self.node.api.store.delete_pod("default", name)
+            return False
+        bound = self.node.pod(name)
+        assert bound is not None
+        recorded = {k: v for k, v in podspec.pod_annotations(bound).items() if "predicate-gpu-idx" in k}
+        self.say(f"  -> extender bound it to {decision.node}, cards (minors) {recorded}")
+        admitted = await self.node.admit(bound)
+        for c in admitted.containers:
+            resp = c.responses.get(podspec.RESOURCE_CORE)
+            if resp is not None:
+                uuids = resp.envs["NVIDIA_VISIBLE_DEVICES"].split(",")
+                cards = [self.node.inventory.by_uuid(u).index for u in uuids]  # type: ignore[union-attr]
+                shim = "shim on (limits enforced in-process)" if "LD_PRELOAD" in resp.envs else "whole cards, no shim"
+                self.say(f"  -> kubelet admitted container {c.name}: GPU{cards}, {shim}")
+        return True
+
+    async def run_script(self) -> None:
+        assert self.node and self.node.agent and self.node.agent.state
+        self.step("the node as discovered: cards and topology tree (NVLink pairs under two sockets)")
+        self.show(tree=True)
+
+        self.step("a 4-card training pod: link picks the best-connected free set")
+        await self.submit("train", [("trainer", 400, 0)])
+        self.show()
+
+        self.step("a whole-card inference pod: fragment takes a card that breaks no good group")
+        await self.submit("infer", [("server", 100, 0)])
+        self.show()
+
+        self.step("three fractional notebooks: share packs them onto one card (best fit)")
+        await self.submit("nb-alice", [("jupyter", 30, 16)])
+        await self.submit("nb-bob", [("jupyter", 50, 32)], annotations={podspec.ANN_CORE_LIMIT: "80"})
+        await self.submit("nb-carol", [("jupyter", 20, 8)])
+        self.show()
+
+        self.step("a pod that cannot fit: 3 more whole cards on a node with 2 left")
+        await self.submit("too-big", [("trainer", 300, 0)])
+
+        self.step("GPU 7 reports XID 79 (fallen off the bus): it goes Unhealthy and takes no new pods")
+        self.node.backend.inject_xid(7, 79)
+        await self._wait(lambda: not self.node.agent.state.healthy(7))  # type: ignore[union-attr]
+        self.show()
+        await self.submit("after-xid", [("server", 100, 0)])
+        self.show()
+
+        self.step("GPU 7 recovers: back to Healthy")
+        self.node.backend.recover(7)
+        await self._wait(lambda: self.node.agent.state.healthy(7))  # type: ignore[union-attr]
+        self.show(tree=True)
+
+        self.step("the training pod finishes: its cards come back")
+        await self.node.delete_pod("train")
+        await self._wait(lambda: not any(a.meta.get("pod") == "train"
+                                         for a in self.node.agent.state.ledger.allocations.values()))  # type: ignore
+        self.show()
+        await self._print_metrics()
+
+    async def _wait(self, cond: Callable[[], bool], timeout: float = 10.0) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while not cond() and loop.time() < end:
+            await asyncio.sleep(0.05)
+
+    async def _print_metrics(self) -> None:
+        import aiohttp
+
+        url = f"http://127.0.0.1:{self.metrics_port}/metric"
+        self.step("metrics")
+        try:
+            async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
+                text = await r.text()
+        except Exception as e:  # noqa: BLE001
+            self.say(f"(could not read {url}: {e})")
+            return
+        wanted = ("container_request_gpu_utilization", "container_request_gpu_memory", "gpumgr_card_allocated_cores")
+        lines = [ln for ln in text.splitlines() if ln.startswith(wanted)]
+        for ln in lines[:12]:
+            self.say("  " + ln)
+        self.say(f"Prometheus metrics: {url}   (also /graph, /usage; `gpumgr status --addr "
+                 f"http://127.0.0.1:{self.metrics_port}`)")
+
+
+async def run_demo(once: bool, metrics_port: int, out: TextIO = sys.stdout) -> int:
+    demo = Demo(out=out, metrics_port=metrics_port)
+    try:
+        await demo.start()
+        await demo.run_script()
+        if not once:
+            demo.say()
+            demo.say("The node keeps running; press Ctrl-C to stop.")
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError):
+                    loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+    finally:
+        await demo.stop()
+    demo.say("demo finished")
+    return 0

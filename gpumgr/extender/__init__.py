@@ -1,0 +1,17 @@
+"""The scheduler extender: filter, prioritize and bind for vcuda resources (`gpumgr extender`).
+
+Modules, from the wire inwards:
+    wire       the extender JSON (`k8s.io/kube-scheduler/extender/v1`): parsing and replies
+    handlers   the aiohttp routes
+    server     `ExtenderServer`: the HTTP server, the cluster view and its watches, started in-process
+    binder     bind: choose cards, assume them, patch the pod, create the Binding
+    podcalls   the bind's API calls (get, merge-patch, Binding) over aiohttp
+    kubeaccess list + watch through the `kubernetes` client (in threads), and its configuration
+    watcher    list + watch of nodes and pods, feeding the cluster view
+    cluster    the cluster view: nodes, what every pod holds, assumed holdings, cached fits
+    nodestate  one node: inventory, topology, ledger of holdings
+    claims     what a pod holds, read from its annotations
+    ask        what a pod asks for, read from its containers and model annotations
+    fit        placing all of a pod's GPU containers on one node (the allocator's `choose`)
+    score      prioritize scores from fits
+"""

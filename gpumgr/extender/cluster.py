@@ -1,0 +1,314 @@
+"""The cluster view: every node's GPUs and holdings, every GPU pod, and the holdings binds have assumed.
+
+Fed by the watches (`set_node`, `set_pod`, ...) and by bind (`assume`, `forget`), all on one event loop, so
+a filter or bind step that does not await sees one consistent state. What a pod holds is decided in one
+place (`_reconcile`): the holding a bind assumed, until the pod's annotations with that bind's predicate-time
+are observed; otherwise what its annotations say.
+
+Fits are cached per node and per pod ask until the node changes, and memoised across nodes by (hardware
+shape, ledger state, ask), since `fit_pod` is a pure function of those.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpumgr import podspec
+from gpumgr.allocator import Allocation, Ledger
+from gpumgr.extender.ask import PodAsk, pod_uid
+from gpumgr.extender.claims import FINISHED, Claim, pod_claim
+from gpumgr.extender.fit import Fit, place, quick_check, static_check, with_packing
+from gpumgr.extender.nodestate import NodeState, Shape, build_shape, full_state, shape_of, whole_state
+from gpumgr.node_inventory import InventoryAnnotationError, decode
+
+log = logging.getLogger(__name__)
+
+MAX_MEMO = 50_000  # placements remembered across nodes
+MAX_ASKS = 64  # distinct pod asks whose per-node verdicts and placements are cached
+
+
+class ClusterView:
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeState] = {}
+        self.synced: set[str] = set()  # "nodes", "pods" once their first list is in
+        self._node_text: dict[str, str | None] = {}
+        self._shapes: dict[tuple[object, ...], Shape] = {}
+        self._pods: dict[str, dict[str, Any]] = {}  # GPU pods by UID
+        self._by_name: dict[tuple[str, str], str] = {}
+        self._claims: dict[str, Claim] = {}
+        self._assumed: dict[str, Assumption] = {}
+        self._void: dict[str, str] = {}  # pod UID -> predicate-time of a failed bind whose claim does not count
+        self._applied: dict[str, str] = {}  # pod UID -> node whose ledger has its holding
+        self._wanted: dict[str, set[str]] = {}  # node -> pod UIDs whose holding belongs there
+        self._wanted_at: dict[str, str] = {}  # the reverse: pod UID -> node
+        self._verdicts: dict[str, dict[str, Fit]] = {}  # ask key -> node -> verdict (filter)
+        self._placements: dict[str, dict[str, Fit]] = {}  # ask key -> node -> placement (prioritize, bind)
+        self._memo: dict[tuple[int, object, str], Fit] = {}  # (shape, state, ask) -> placement without packing
+        self._statics: dict[tuple[int, str], tuple[tuple[bool, ...], Fit | None]] = {}
+
+    @property
+    def ready(self) -> bool:
+        return {"nodes", "pods"} <= self.synced
+
+    # -- nodes ----------------------------------------------------------------------------------------------
+    def set_node(self, name: str, inventory_text: str | None) -> None:
+        """A node was added or changed; `inventory_text` is its gpumgr.io/gpu-inventory annotation."""
+        if name in self.nodes and self._node_text.get(name) == inventory_text:
+            return
+        self._node_text[name] = inventory_text
+        self.nodes[name] = self._build_node(name, inventory_text)
+        self._node_changed(name)
+        for uid in sorted(self._wanted.get(name, ())):
+            self._applied.pop(uid, None)
+            self._reconcile(uid)
+
+    def remove_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+        self._node_text.pop(name, None)
+        self._node_changed(name)
+        for uid in self._wanted.get(name, ()):
+            self._applied.pop(uid, None)
+
+    def replace_nodes(self, nodes: Mapping[str, str | None]) -> None:
+        """The full node list (after a list or re-list)."""
+        for name in [n for n in self.nodes if n not in nodes]:
+            self.remove_node(name)
+        for name, text in nodes.items():
+            self.set_node(name, text)
+        self.synced.add("nodes")
+
+    def _build_node(self, name: str, text: str | None) -> NodeState:
+        if text is None:
+            return NodeState(name, None, problem=f"the node has no {podspec.ANN_NODE_INVENTORY} annotation "
+                             "(is the gpumgr agent running there?)", on_change=self._node_changed)
+        try:
+            gpus = decode(text)
+            key = shape_of(gpus)
+            shape = self._shapes.get(key)
+            if shape is None:
+                shape = build_shape(len(self._shapes), gpus)
+                self._shapes[key] = shape
+        except (InventoryAnnotationError, ValueError) as e:
+            log.warning("node %s: unusable %s annotation: %s", name, podspec.ANN_NODE_INVENTORY, e)
+            return NodeState(name, None, problem=f"the node's {podspec.ANN_NODE_INVENTORY} annotation is "
+                             f"unusable: {e}", on_change=self._node_changed)
+        if not shape.models:
+            return NodeState(name, None, problem="the node reports no GPUs", on_change=self._node_changed)
+        return NodeState(name, shape, unhealthy=gpus.unhealthy, on_change=self._node_changed)
+
+    # -- pods -----------------------------------------------------------------------------------------------
+    def set_pod(self, pod: dict[str, Any]) -> None:
+        """A pod was added or changed. Only GPU pods are kept."""
+        uid = pod_uid(pod)
+        try:
+            gpu = podspec.is_gpu_pod(pod)
+        except (ValueError, AttributeError):
+            gpu = False
+        if not gpu:
+            if uid in self._pods:
+                self.remove_pod(pod)
+            return
+        meta = pod.get("metadata") or {}
+        old = self._pods.get(uid)
+        if old is not None:
+            old_meta = old.get("metadata") or {}
+            self._by_name.pop((old_meta.get("namespace") or "default", old_meta.get("name") or ""), None)
+        self._pods[uid] = pod
+        self._by_name[(meta.get("namespace") or "default", meta.get("name") or "")] = uid
+        claim = pod_claim(pod)
+        if claim is None:
+            self._claims.pop(uid, None)
+        else:
+            self._claims[uid] = claim
+        assumed = self._assumed.get(uid)
+        finished = ((pod.get("status") or {}).get("phase")) in FINISHED
+        if assumed is not None and (finished or (claim is not None and claim.predicate_time == assumed.time)):
+            del self._assumed[uid]
+        void = self._void.get(uid)
+        if void is not None and (claim is None or claim.predicate_time != void):
+            del self._void[uid]  # the failed bind's annotations are gone (or replaced)
+        self._reconcile(uid)
+
+    def remove_pod(self, pod: Mapping[str, Any]) -> None:
+        uid = pod_uid(pod)
+        old = self._pods.pop(uid, None)
+        if old is not None:
+            meta = old.get("metadata") or {}
+            key = (meta.get("namespace") or "default", meta.get("name") or "")
+            if self._by_name.get(key) == uid:
+                del self._by_name[key]
+        self._claims.pop(uid, None)
+        self._assumed.pop(uid, None)
+        self._void.pop(uid, None)
+        self._reconcile(uid)
+
+    def replace_pods(self, pods: Iterable[dict[str, Any]]) -> None:
+        """The full pod list (after a list or re-list)."""
+        pods = list(pods)
+        seen = {pod_uid(p) for p in pods}
+        for uid in [u for u in self._pods if u not in seen]:
+            self.remove_pod(self._pods[uid])
+        for p in pods:
+            self.set_pod(p)
+        self.synced.add("pods")
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        uid = self._by_name.get((namespace, name))
+        return self._pods.get(uid) if uid else None
+
+    # -- assumptions (bind) ---------------------------------------------------------------------------------
+    def assume(self, uid: str, node: str, allocs: list[Allocation], predicate_time: str) -> None:
+        """Count `allocs` on `node` for `uid` until its annotations with `predicate_time` are observed."""
+        self._assumed[uid] = Assumption(node=node, allocations=tuple(allocs), time=predicate_time)
+        self._reconcile(uid)
+
+    def forget(self, uid: str, predicate_time: str) -> None:
+        """A bind failed: drop its assumption, and ignore the annotations it wrote (`predicate_time`) until
+        the pod is seen without them; the bind takes them back, but the watch may still deliver them."""
+        a = self._assumed.get(uid)
+        if a is not None and a.time == predicate_time:
+            del self._assumed[uid]
+        self._void[uid] = predicate_time
+        self._reconcile(uid)
+
+    def assumed(self, uid: str) -> Assumption | None:
+        return self._assumed.get(uid)
+
+    def _reconcile(self, uid: str) -> None:
+        """Make the ledgers hold exactly what `uid` should hold (and where)."""
+        node_name, allocs = None, None
+        a = self._assumed.get(uid)
+        claim = self._claims.get(uid)
+        if claim is not None and claim.predicate_time == self._void.get(uid):
+            claim = None
+        if a is not None:
+            node_name, allocs = a.node, list(a.allocations)
+        elif claim is not None:
+            node_name = claim.node
+        before = self._wanted_at.pop(uid, None)
+        if before is not None and before != node_name:
+            uids = self._wanted[before]
+            uids.discard(uid)
+            if not uids:
+                del self._wanted[before]
+        if node_name is not None:
+            self._wanted.setdefault(node_name, set()).add(uid)
+            self._wanted_at[uid] = node_name
+        was = self._applied.pop(uid, None)
+        if was is not None and was in self.nodes:
+            self.nodes[was].drop(uid)
+        node = self.nodes.get(node_name) if node_name else None
+        if node is None or node.shape is None:
+            return
+        if allocs is None:
+            assert claim is not None
+            allocs = node.allocations(uid, claim)
+        node.hold(uid, allocs)
+        self._applied[uid] = node.name
+
+    # -- fits -----------------------------------------------------------------------------------------------
+    def verdict(self, ask: PodAsk, uid: str, name: str) -> Fit:
+        """Whether the pod fits on node `name` now (its own holdings not counted); cards may be left out."""
+        node = self.nodes.get(name)
+        if node is not None and node.shape is not None and self._wanted_at.get(uid) == name and node.holds(uid):
+            return self._place(node, node.shape, ask, node.without(uid))
+        cache = self._cache(self._verdicts, ask.key)
+        fit = cache.get(name)
+        if fit is None:
+            fit = self._placements.get(ask.key, {}).get(name)
+        if fit is None:
+            if node is None:
+                fit = Fit.not_now(f"node {name} is not known to the gpumgr extender yet")
+            elif node.shape is None:
+                fit = Fit.never(node.problem)
+            else:
+                allowed, never = self._static(node.shape, ask)
+                fit = (never or quick_check(node.ledger, allowed, node.shape.unit_mib, ask)
+                       or self._place(node, node.shape, ask))
+        cache[name] = fit
+        return fit
+
+    def placement(self, ask: PodAsk, uid: str, name: str) -> Fit:
+        """`verdict` with the cards, worst link and packing when the pod fits (prioritize, bind)."""
+        node = self.nodes.get(name)
+        if node is not None and node.shape is not None and self._wanted_at.get(uid) == name and node.holds(uid):
+            return self._place(node, node.shape, ask, node.without(uid))
+        cache = self._cache(self._placements, ask.key)
+        fit = cache.get(name)
+        if fit is None:
+            fit = self.verdict(ask, uid, name)
+            if fit.ok and not fit.placed:
+                assert node is not None and node.shape is not None
+                fit = self._place(node, node.shape, ask)
+            cache[name] = fit
+        return fit
+
+    def verdicts(self, ask: PodAsk, uid: str, names: list[str]) -> list[Fit]:
+        """`verdict` for many nodes (the filter hot loop: one dict lookup per node when cached)."""
+        return self._many(self._verdicts, self.verdict, ask, uid, names)
+
+    def placements(self, ask: PodAsk, uid: str, names: list[str]) -> list[Fit]:
+        """`placement` for many nodes (the prioritize hot loop)."""
+        return self._many(self._placements, self.placement, ask, uid, names)
+
+    def _many(self, table: dict[str, dict[str, Fit]], one: Callable[[PodAsk, str, str], Fit], ask: PodAsk,
+              uid: str, names: list[str]) -> list[Fit]:
+        cache = self._cache(table, ask.key)
+        out: list[Fit | None] = [cache.get(n) for n in names]
+        own = self._wanted_at.get(uid)
+        if own is not None or None in out:
+            for i, n in enumerate(names):
+                if out[i] is None or n == own:
+                    out[i] = one(ask, uid, n)
+        return out  # type: ignore[return-value]  # no None left
+
+    def _node_changed(self, name: str) -> None:
+        for table in (self._verdicts, self._placements):
+            for cache in table.values():
+                cache.pop(name, None)
+
+    @staticmethod
+    def _cache(table: dict[str, dict[str, Fit]], key: str) -> dict[str, Fit]:
+        cache = table.get(key)
+        if cache is None:
+            if len(table) >= MAX_ASKS:
+                del table[next(iter(table))]
+            cache = table[key] = {}
+        return cache
+
+    def _static(self, shape: Shape, ask: PodAsk) -> tuple[tuple[bool, ...], Fit | None]:
+        key = (shape.ident, ask.key)
+        found = self._statics.get(key)
+        if found is None:
+            if len(self._statics) >= MAX_MEMO:
+                self._statics.clear()
+            found = static_check(shape.models, shape.memory_mib, shape.unit_mib, ask)
+            self._statics[key] = found
+        return found
+
+    def _place(self, node: NodeState, shape: Shape, ask: PodAsk, ledger: Ledger | None = None) -> Fit:
+        allowed, never = self._static(shape, ask)
+        if never is not None:
+            return never
+        if ledger is None:
+            ledger, state = node.ledger, node.state(ask.whole_only)
+        else:
+            state = whole_state(ledger) if ask.whole_only else full_state(ledger)
+        memo_key = (shape.ident, state, ask.key)
+        fit = self._memo.get(memo_key)
+        if fit is None:
+            fit = place(shape.topology, ledger, allowed, shape.unit_mib, ask)
+            if len(self._memo) >= MAX_MEMO:
+                del self._memo[next(iter(self._memo))]
+            self._memo[memo_key] = fit
+        return with_packing(fit, ledger, allowed, shape.unit_mib, ask)
+
+
+@dataclass(frozen=True)
+class Assumption:
+    node: str
+    allocations: tuple[Allocation, ...]
+    time: str  # the predicate-time the bind writes

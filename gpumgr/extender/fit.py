@@ -1,0 +1,218 @@
+"""Placing all GPU containers of a pod on one node at once, with the allocator's own `choose`.
+
+Three steps, cheapest first:
+  `static_check`  what never changes for a node's hardware: the cards of an accepted model, and requests that
+                  no state of the node could satisfy (InvalidRequest) — unresolvable;
+  `quick_check`   for a pod with one GPU container, the filter verdict from the ledger alone (a card with
+                  enough free cores and memory; enough free whole cards), exactly when `choose` would succeed;
+  `place`         `choose` for each container in spec order on a copy of the ledger, each seeing the cards the
+                  earlier ones took; cards of a model the pod does not accept are marked unhealthy on that copy.
+`place` is a pure function of (topology, ledger state, ask): the cluster view memoises it. `with_packing` adds
+the packing measure that prioritize scores on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+from gpumgr.allocator import Allocation, InvalidRequest, Ledger, NoFit, Request, choose
+from gpumgr.allocator.request import HUNDRED
+from gpumgr.extender.ask import ContainerNeed, PodAsk
+from gpumgr.levels import LevelKey
+from gpumgr.topology import Topology
+
+CARDS_WEIGHT = 0.75  # packing: fullness of the cards the pod would use; the rest is the whole node's fullness
+
+
+def static_check(models: Sequence[str], memory_mib: Sequence[int], unit_mib: int,
+                 ask: PodAsk) -> tuple[tuple[bool, ...], Fit | None]:
+    """(cards of an accepted model, an unresolvable Fit or None): what depends only on the node's hardware."""
+    if ask.invalid:
+        return (), Fit.never(ask.invalid)
+    allowed = tuple(ask.allows(m) for m in models)
+    if not any(allowed):
+        return allowed, Fit.never(_model_reason(models, ask))
+    usable = [i for i, ok in enumerate(allowed) if ok]
+    largest = max(memory_mib[i] for i in usable)
+    for need in ask.containers:
+        try:
+            request(need, unit_mib).validate(len(usable), largest)
+        except InvalidRequest as e:
+            where = "" if len(usable) == len(models) else f" ({len(usable)} of its {len(models)} cards accepted)"
+            return allowed, Fit.never(f"container {need.name}: {e}{where}")
+    return allowed, None
+
+
+def quick_check(ledger: Ledger, allowed: tuple[bool, ...], unit_mib: int, ask: PodAsk) -> Fit | None:
+    """The verdict for a pod with one GPU container without running an evaluator (None: more containers).
+
+    Call after `static_check` passed. A passing verdict has no cards yet (`placed` False).
+    """
+    if len(ask.containers) != 1:
+        return None
+    need = ask.containers[0]
+    req = request(need, unit_mib)
+    cards = ledger.cards
+    if req.whole:
+        free = sum(1 for i, ok in enumerate(allowed) if ok and cards[i].healthy and cards[i].mode == "free")
+        if free >= req.cards_needed:
+            return UNPLACED
+    else:
+        for i, ok in enumerate(allowed):
+            c = cards[i]
+            if (ok and c.healthy and c.free_cores >= req.cores and c.free_memory_mib >= req.memory_mib
+                    and c.mode != "exclusive"):
+                return UNPLACED
+    reason = f"container {need.name}: {_shortfall(ledger, ledger, allowed, req)}"
+    return _not_now_or_never(reason, ledger, allowed, unit_mib, ask)
+
+
+def place(topo: Topology, ledger: Ledger, allowed: tuple[bool, ...], unit_mib: int, ask: PodAsk) -> Fit:
+    """Cards for every GPU container, or why not. Call after `static_check` passed. No packing yet."""
+    placed = _place(topo, ledger, allowed, unit_mib, ask)
+    if isinstance(placed, str):
+        return _not_now_or_never(placed, ledger, allowed, unit_mib, ask, topo)
+    multi = [c for c in placed if len(c) > 1]
+    worst = max((topo.worst(c) for c in multi), default=None)
+    return Fit(ok=True, unresolvable=False, reason="", cards=placed, worst=worst, placed=True)
+
+
+def with_packing(fit: Fit, ledger: Ledger, allowed: tuple[bool, ...], unit_mib: int, ask: PodAsk) -> Fit:
+    """`fit` with `packing`: 0..1, how full the cards the pod would use (and the node) are afterwards."""
+    if not fit.ok or not fit.placed:
+        return fit
+    cards = ledger.cards
+    add_cores: dict[int, int] = {}
+    add_mem: dict[int, int] = {}
+    for need, chosen in zip(ask.containers, fit.cards, strict=True):
+        for i in chosen:
+            whole = need.cores >= HUNDRED
+            add_cores[i] = add_cores.get(i, 0) + (HUNDRED if whole else need.cores)
+            add_mem[i] = add_mem.get(i, 0) + (cards[i].memory_mib if whole else need.memory_units * unit_mib)
+
+    def after(i: int) -> int:
+        return min(cards[i].used_cores + add_cores.get(i, 0), HUNDRED)
+
+    on_cards = 0.0
+    for i in add_cores:
+        c = cards[i]
+        used_mem = c.memory_mib - c.free_memory_mib + add_mem[i]
+        on_cards += (after(i) / HUNDRED + (min(used_mem / c.memory_mib, 1.0) if c.memory_mib else 1.0)) / 2
+    on_cards /= len(add_cores)
+    usable = [i for i, ok in enumerate(allowed) if ok]
+    on_node = sum(after(i) for i in usable) / (HUNDRED * len(usable))
+    return replace(fit, packing=CARDS_WEIGHT * on_cards + (1 - CARDS_WEIGHT) * on_node)
+
+
+def fit_pod(topo: Topology, ledger: Ledger, models: Sequence[str], unit_mib: int, ask: PodAsk) -> Fit:
+    """All three steps, uncached: where the pod's GPU containers go on this node, or why they cannot."""
+    allowed, never = static_check(models, [c.memory_mib for c in ledger.cards], unit_mib, ask)
+    if never is not None:
+        return never
+    return with_packing(place(topo, ledger, allowed, unit_mib, ask), ledger, allowed, unit_mib, ask)
+
+
+def request(need: ContainerNeed, unit_mib: int) -> Request:
+    return Request(cores=need.cores, memory_mib=need.memory_units * unit_mib)
+
+
+def _place(topo: Topology, ledger: Ledger, allowed: tuple[bool, ...], unit_mib: int,
+           ask: PodAsk) -> tuple[tuple[int, ...], ...] | str:
+    work = ledger.copy()
+    for i, ok in enumerate(allowed):
+        if not ok:
+            work.set_healthy(i, False)
+    out = []
+    for need in ask.containers:
+        req = request(need, unit_mib)
+        try:
+            placement = choose(topo, work, req)
+        except (NoFit, InvalidRequest):
+            return f"container {need.name}: {_shortfall(work, ledger, allowed, req)}"
+        work.assign(Allocation(key=f"pending/{need.index}", cards=placement.cards, cores=req.cores,
+                               memory_mib=req.memory_mib))
+        out.append(placement.cards)
+    return tuple(out)
+
+
+def _not_now_or_never(reason: str, ledger: Ledger, allowed: tuple[bool, ...], unit_mib: int, ask: PodAsk,
+                      topo: Topology | None = None) -> Fit:
+    """Unresolvable when the pod would not fit even on this node emptied of pods (unhealthy cards, or
+    containers that together ask more than the node has): preemption cannot help there."""
+    cards = ledger.cards
+    healthy = [i for i, ok in enumerate(allowed) if ok and cards[i].healthy]
+    if len(ask.containers) == 1:
+        req = request(ask.containers[0], unit_mib)
+        if req.whole:
+            fits_empty = len(healthy) >= req.cards_needed
+        else:
+            fits_empty = any(cards[i].memory_mib >= req.memory_mib for i in healthy)
+    else:
+        assert topo is not None
+        empty = Ledger(c.memory_mib for c in cards)
+        for c in cards:
+            empty.set_healthy(c.index, c.healthy)
+        fits_empty = not isinstance(_place(topo, empty, allowed, unit_mib, ask), str)
+    if fits_empty:
+        return Fit.not_now(reason)
+    sick = sum(1 for i, ok in enumerate(allowed) if ok and not cards[i].healthy)
+    why = f" ({sick} unhealthy card{'s' if sick != 1 else ''})" if sick else ""
+    return Fit.never(f"{reason}; it would not fit even with no other pods on the node{why}")
+
+
+def _shortfall(work: Ledger, original: Ledger, allowed: tuple[bool, ...], req: Request) -> str:
+    """What is missing, counting only cards of an accepted model (`work` may hide the others as unhealthy)."""
+    usable = [i for i, ok in enumerate(allowed) if ok]
+    if not req.whole:
+        shareable = [work.cards[i] for i in usable if work.cards[i].healthy and work.cards[i].mode != "exclusive"]
+        head = f"needs {req.cores} cores and {req.memory_mib} MiB on one card"
+        if not shareable:
+            return f"{head}; no healthy card is shareable"
+        return (f"{head}; the best cards have {max(c.free_cores for c in shareable)} free cores and "
+                f"{max(c.free_memory_mib for c in shareable)} MiB free")
+    free = sum(1 for i in usable if work.cards[i].healthy and work.cards[i].mode == "free")
+    sick = sum(1 for i in usable if not original.cards[i].healthy)
+    busy = len(usable) - free - sick
+    scope = "cards" if len(usable) == len(allowed) else "cards of an accepted model"
+    need = req.cards_needed
+    return (f"needs {need} free whole card{'s' if need > 1 else ''}; {free} of the node's {len(usable)} {scope} "
+            f"{'is' if free == 1 else 'are'} free ({busy} in use, {sick} unhealthy)")
+
+
+def _model_reason(models: Sequence[str], ask: PodAsk) -> str:
+    have = sorted(set(models))
+    wanted = []
+    if ask.accepted:
+        wanted.append(f"gpu-model {','.join(ask.accepted)}")
+    if ask.refused:
+        wanted.append(f"not gpu-model-exclude {','.join(ask.refused)}")
+    return f"no card matches {' and '.join(wanted)}; the node has {', '.join(have) or 'no cards'}"
+
+
+@dataclass(frozen=True, eq=False)
+class Fit:
+    ok: bool
+    unresolvable: bool  # True: this node can never take the pod (preemption will not help)
+    reason: str  # why not, naming the shortfall ("" when ok)
+    cards: tuple[tuple[int, ...], ...] = ()  # per GPU container (ask order): card indices on the node
+    worst: LevelKey | None = None  # the worst link inside any multi-card container's set
+    packing: float = 0.0  # 0..1: how full the used cards (and the node) are afterwards; see with_packing
+    placed: bool = False  # cards (and worst, packing) are known; a quick verdict has only `ok`
+
+    @cached_property
+    def points(self) -> int:
+        """`packing` on the 0..10 scale of extender scores; 0 when the pod does not fit."""
+        return round(self.packing * 10) if self.ok else 0
+
+    @classmethod
+    def not_now(cls, reason: str) -> Fit:
+        return cls(ok=False, unresolvable=False, reason=reason)
+
+    @classmethod
+    def never(cls, reason: str) -> Fit:
+        return cls(ok=False, unresolvable=True, reason=reason)
+
+
+UNPLACED = Fit(ok=True, unresolvable=False, reason="")

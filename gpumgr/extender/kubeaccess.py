@@ -1,0 +1,108 @@
+"""List and watch through the `kubernetes` client, and the client's configuration for the bind calls.
+
+The client is blocking: list and watch run in the watchers' own threads. Bodies are read as raw JSON
+(`_preload_content=False`): the extender works on API JSON, as the scheduler sends it, and skips the client's
+model classes. The bind calls (`podcalls.PodCalls`) use aiohttp with this client's configuration. Every failure
+comes out as `ApiCallError` with the HTTP status (0: no answer).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 5.0
+CALL_TIMEOUT = 10.0  # read timeout of one get, patch, bind or list page
+POOL_SIZE = 4  # HTTP connections of the kubernetes client (two watches, their re-lists)
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class ApiCallError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def api_client(source: Any) -> Any:
+    """A `kubernetes.client.ApiClient`: `source` is one already made, a kubeconfig path, or empty for the
+    in-cluster service account."""
+    from kubernetes import client, config
+
+    if isinstance(source, client.ApiClient):
+        return source
+    cfg = client.Configuration()
+    if source:
+        config.load_kube_config(config_file=str(Path(source)), client_configuration=cfg)
+    else:
+        config.load_incluster_config(client_configuration=cfg)
+    cfg.connection_pool_maxsize = POOL_SIZE
+    return client.ApiClient(cfg)
+
+
+class KubeAccess:
+    def __init__(self, client_source: Any):
+        from kubernetes import client
+
+        self._owned = not isinstance(client_source, client.ApiClient)
+        self.api_client = api_client(client_source)
+        self.core = client.CoreV1Api(self.api_client)
+
+    @property
+    def configuration(self) -> Any:
+        return self.api_client.configuration
+
+    def close(self) -> None:
+        if self._owned:
+            self.api_client.close()
+
+    # -- blocking, for the watcher threads ------------------------------------------------------------------
+    def list_page(self, resource: str, limit: int, cont: str | None) -> dict[str, Any]:
+        fn = self.core.list_node if resource == "nodes" else self.core.list_pod_for_all_namespaces
+        kwargs: dict[str, Any] = {"limit": limit}
+        if cont:
+            kwargs["_continue"] = cont
+        return _json(self._call(fn, _request_timeout=(CONNECT_TIMEOUT, 60.0), _preload_content=False, **kwargs))
+
+    def open_watch(self, resource: str, resource_version: str, timeout_seconds: int) -> Any:
+        """A streaming response of watch events (one JSON object per line)."""
+        fn = self.core.list_node if resource == "nodes" else self.core.list_pod_for_all_namespaces
+        return self._call(fn, watch=True, resource_version=resource_version, allow_watch_bookmarks=True,
+                          timeout_seconds=timeout_seconds, _preload_content=False,
+                          _request_timeout=(CONNECT_TIMEOUT, timeout_seconds + 30.0))
+
+    @staticmethod
+    def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as e:
+            raise ApiCallError(int(e.status or 0), _message(e)) from None
+        except Exception as e:  # noqa: BLE001 - urllib3 / socket errors: the API did not answer
+            raise ApiCallError(0, f"{type(e).__name__}: {e}") from None
+
+
+def _json(resp: Any) -> dict[str, Any]:
+    try:
+        doc = json.loads(resp.data)
+    except ValueError as e:
+        raise ApiCallError(0, f"the API answered with something that is not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise ApiCallError(0, "the API answered with JSON that is not an object")
+    return doc
+
+
+def _message(e: Any) -> str:
+    """The `message` of the API's Status body, or the HTTP reason."""
+    try:
+        body = json.loads(e.body or "{}")
+        if isinstance(body, dict) and body.get("message"):
+            return f"{e.status} {body.get('reason') or e.reason}: {body['message']}"
+    except (ValueError, TypeError):
+        pass
+    return f"{e.status} {e.reason}"

@@ -1,0 +1,162 @@
+"""One node as the extender sees it: its GPUs (shape) and the ledger of what pods hold.
+
+A node's *shape* (topology, card models and memory, memory unit, minor numbers) is static and shared by all
+nodes with the same hardware, so a 5,000-node cluster of a few machine types builds only a few topologies.
+Holdings are kept per pod UID; a holding that conflicts with another (two pods naming one whole card) waits
+until the cards are released, so the ledger never over-commits and no holding is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpumgr.allocator import Allocation, Ledger, LedgerError
+from gpumgr.extender.claims import Claim
+from gpumgr.node_inventory import NodeGPUs
+from gpumgr.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+
+class NodeState:
+    def __init__(self, name: str, shape: Shape | None, unhealthy: frozenset[int] = frozenset(),
+                 problem: str = "", on_change: Callable[[str], None] | None = None):
+        self.name = name
+        self.shape = shape
+        self.problem = problem or ("" if shape else "the node has no GPU inventory")
+        self.ledger = Ledger(shape.memory_mib if shape else ())
+        for i in unhealthy:
+            if 0 <= i < len(self.ledger):
+                self.ledger.set_healthy(i, False)
+        self.keys: dict[str, tuple[str, ...]] = {}  # pod UID -> ledger allocation keys it holds
+        self.waiting: dict[str, list[Allocation]] = {}  # pod UID -> holdings that conflict with others
+        self.on_change = on_change  # told the node's name whenever its ledger changes
+        self._state: object = None
+        self._mask: object = None
+
+    # -- holdings -------------------------------------------------------------------------------------------
+    def allocations(self, uid: str, claim: Claim) -> list[Allocation]:
+        """The claim's cards as ledger allocations (minors translated to indices); unknown minors are skipped."""
+        if self.shape is None:
+            return []
+        out = []
+        for h in claim.held:
+            cards = tuple(self.shape.index_of_minor.get(m, -1) for m in h.minors)
+            if -1 in cards:
+                log.warning("pod %s container %d: predicate minors %s are not all on node %s (minors %s); ignored",
+                            uid, h.index, list(h.minors), self.name, sorted(self.shape.index_of_minor))
+                continue
+            wanted = h.cores // 100 if h.cores >= 100 else 1
+            if len(cards) != wanted or len(set(cards)) != len(cards):
+                log.warning("pod %s container %d: %d cores cannot be on cards %s (minors %s); ignored",
+                            uid, h.index, h.cores, list(cards), list(h.minors))
+                continue
+            out.append(Allocation(key=f"{uid}/{h.index}", cards=cards, cores=h.cores,
+                                  memory_mib=h.memory_units * self.shape.unit_mib))
+        return out
+
+    def hold(self, uid: str, allocs: list[Allocation]) -> None:
+        """Record what `uid` holds here (replacing what it held before)."""
+        self.drop(uid)
+        if not allocs:
+            return
+        if not self._assign(uid, allocs):
+            self.waiting[uid] = allocs
+            log.warning("node %s: cards of pod %s conflict with other holdings; counted once they are free",
+                        self.name, uid)
+        self.changed()
+
+    def drop(self, uid: str) -> bool:
+        self.waiting.pop(uid, None)
+        keys = self.keys.pop(uid, None)
+        if keys is None:
+            return False
+        for k in keys:
+            self.ledger.release(k)
+        for other, allocs in list(self.waiting.items()):
+            if self._assign(other, allocs):
+                del self.waiting[other]
+        self.changed()
+        return True
+
+    def holds(self, uid: str) -> bool:
+        return uid in self.keys or uid in self.waiting
+
+    def without(self, uid: str) -> Ledger:
+        """A copy of the ledger without what `uid` holds (a pod being scheduled again)."""
+        work = self.ledger.copy()
+        for k in self.keys.get(uid, ()):
+            work.release(k)
+        return work
+
+    def _assign(self, uid: str, allocs: list[Allocation]) -> bool:
+        done = []
+        try:
+            for a in allocs:
+                self.ledger.assign(a, check_health=False)
+                done.append(a.key)
+        except LedgerError:
+            for k in done:
+                self.ledger.release(k)
+            return False
+        self.keys[uid] = tuple(done)
+        return True
+
+    # -- caching --------------------------------------------------------------------------------------------
+    def changed(self) -> None:
+        self._state = None
+        self._mask = None
+        if self.on_change is not None:
+            self.on_change(self.name)
+
+    def state(self, whole_only: bool) -> object:
+        """The ledger as `place` sees it: equal states (on one shape) give equal placements.
+
+        Whole-card requests only look at which cards are healthy and free; shares at every card's free cores
+        and memory too."""
+        if whole_only:
+            if self._mask is None:
+                self._mask = whole_state(self.ledger)
+            return self._mask
+        if self._state is None:
+            self._state = full_state(self.ledger)
+        return self._state
+
+
+def full_state(ledger: Ledger) -> object:
+    return tuple((c.healthy, c.mode, c.free_cores, c.free_memory_mib) for c in ledger.cards)
+
+
+def whole_state(ledger: Ledger) -> object:
+    return tuple((c.healthy, c.mode == "free") for c in ledger.cards)
+
+
+def shape_of(gpus: NodeGPUs) -> tuple[object, ...]:
+    """The interning key of a node's hardware."""
+    inv = gpus.inventory
+    return (inv.levels, tuple(g.name for g in inv.gpus), tuple(g.memory_mib for g in inv.gpus),
+            tuple(g.minor for g in inv.gpus), gpus.memory_unit_mib)
+
+
+def build_shape(ident: int, gpus: NodeGPUs) -> Shape:
+    inv = gpus.inventory
+    return Shape(ident=ident, topology=Topology(inv.levels), models=tuple(g.name for g in inv.gpus),
+                 memory_mib=tuple(g.memory_mib for g in inv.gpus), unit_mib=gpus.memory_unit_mib,
+                 index_of_minor={g.minor: g.index for g in inv.gpus})
+
+
+@dataclass(frozen=True, eq=False)
+class Shape:
+    ident: int
+    topology: Topology
+    models: tuple[str, ...]
+    memory_mib: tuple[int, ...]
+    unit_mib: int
+    index_of_minor: dict[int, int] = field(default_factory=dict)
+
+    def minors(self, cards: tuple[int, ...]) -> list[int]:
+        minor_of = {i: m for m, i in self.index_of_minor.items()}
+        return [minor_of[i] for i in cards]

@@ -1,0 +1,134 @@
+"""List + watch of one resource in a thread of its own, handing what it sees to the event loop.
+
+The usual informer cycle: list (in pages), then watch from the list's resourceVersion, resuming after each
+normal end of the stream; a 410 Gone (history compacted) or any error means a fresh list after a short backoff.
+Objects are reduced in the thread (`transform`, None = not interesting) and delivered on the loop with
+`loop.call_soon_threadsafe`, so the cluster view is only ever touched by the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from gpumgr.extender.kubeaccess import ApiCallError, KubeAccess
+
+log = logging.getLogger(__name__)
+
+PAGE = 500
+WATCH_SECONDS = 300
+BACKOFF_FIRST, BACKOFF_MAX = 0.2, 10.0
+
+
+class Watcher:
+    def __init__(self, access: KubeAccess, resource: str, loop: asyncio.AbstractEventLoop,
+                 transform: Callable[[dict[str, Any]], Any],
+                 on_list: Callable[[list[Any]], None], on_event: Callable[[str, Any], None]):
+        self.access = access
+        self.resource = resource
+        self._loop = loop
+        self._transform = transform
+        self._on_list = on_list
+        self._on_event = on_event
+        self._stop = threading.Event()
+        self._resp: Any = None
+        self._thread = threading.Thread(target=self._run, name=f"gpumgr-extender-watch-{resource}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        resp = self._resp
+        if resp is not None:
+            with contextlib.suppress(Exception):  # a stream that may already be closed
+                resp.shutdown()
+        self._thread.join(timeout=timeout)
+
+    # -- the thread -----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        backoff = BACKOFF_FIRST
+        while not self._stop.is_set():
+            try:
+                rv = self._list()
+                backoff = BACKOFF_FIRST
+                self._watch(rv)
+            except ApiCallError as e:
+                if self._stop.is_set():
+                    return
+                log.warning("watch %s: %s; listing again in %.1fs", self.resource, e, backoff)
+            except Exception:  # noqa: BLE001 - keep the cache alive whatever one event did
+                if self._stop.is_set():
+                    return
+                log.exception("watch %s failed; listing again in %.1fs", self.resource, backoff)
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _list(self) -> str:
+        items: list[Any] = []
+        cont: str | None = None
+        first_rv = ""
+        while True:
+            page = self.access.list_page(self.resource, PAGE, cont)
+            meta = page.get("metadata") or {}
+            first_rv = first_rv or str(meta.get("resourceVersion") or "")
+            for obj in page.get("items") or []:
+                out = self._transform(obj)
+                if out is not None:
+                    items.append(out)
+            cont = meta.get("continue")
+            if not cont:
+                break
+        self._post(self._on_list, items)
+        log.info("listed %d %s (resourceVersion %s)", len(items), self.resource, first_rv)
+        return first_rv
+
+    def _watch(self, rv: str) -> None:
+        """Follow events from `rv` until the stop flag, a 410, or an error (raised)."""
+        from kubernetes.watch.watch import iter_resp_lines
+        from urllib3.exceptions import HTTPError
+
+        while not self._stop.is_set():
+            try:
+                resp = self.access.open_watch(self.resource, rv, WATCH_SECONDS)
+            except ApiCallError as e:
+                if e.status == 410:
+                    return
+                raise
+            self._resp = resp
+            try:
+                for line in iter_resp_lines(resp):
+                    if self._stop.is_set():
+                        return
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            log.info("watch %s: resourceVersion %s expired; listing again", self.resource, rv)
+                            return
+                        raise ApiCallError(int(obj.get("code") or 0), str(obj.get("message") or obj))
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        out = self._transform(obj)
+                        if out is not None:
+                            self._post(self._on_event, kind, out)
+            except (OSError, ValueError, HTTPError) as e:
+                if self._stop.is_set():
+                    return
+                raise ApiCallError(0, f"watch stream broke: {e}") from None
+            finally:
+                self._resp = None
+                resp.release_conn()
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: we are shutting down
+            self._stop.set()

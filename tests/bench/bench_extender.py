@@ -1,0 +1,375 @@
+"""Scheduler extender: filter + prioritize latency at 5,000 nodes x 8 cards, bind latency, and placement quality
+against a gpu-admission-style baseline on a simulated cluster.
+
+    .venv/bin/python tests/bench/bench_extender.py [--nodes 5000] [--rounds 300] [--seeds 5]
+
+Part 1 runs the real thing over HTTP: the API test server (in a thread of this process), the extender started
+in-process and fed by its watches, and a client sending the payloads kube-scheduler sends (NodeNames) for a
+stream of pods: filter on every node, prioritize on the nodes that passed, bind to the best. Every bind changes
+one node, so most nodes answer from the per-node cache; the first call of each new pod shape (cold) is shown
+apart. The API test server runs in a child process; the client shares the extender's interpreter, so it encodes
+each body before the clock starts and decodes the answer after it stops.
+
+Part 2 replays a seeded random workload (arrivals of fractional, whole and multi-card pods, and departures) on a
+simulated cluster of mixed real topologies, once with the extender's decisions and once with a gpu-admission-style
+baseline (nodes in bin-pack order, first fit, no topology), until each refuses a pod for the first time.
+Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from gpumgr import levels as lv  # noqa: E402
+from gpumgr import node_inventory, podspec  # noqa: E402
+from gpumgr.allocator import Allocation, Ledger  # noqa: E402
+from gpumgr.devices.spec import inventory_from_topo_file  # noqa: E402
+from gpumgr.devices.types import Inventory  # noqa: E402
+from gpumgr.extender.ask import pod_ask  # noqa: E402
+from gpumgr.extender.cluster import ClusterView  # noqa: E402
+from gpumgr.extender.score import scores  # noqa: E402
+from gpumgr.topology import Topology  # noqa: E402
+from tests.bench.stats import pct, summary_ms  # noqa: E402
+
+TOPO = Path(__file__).resolve().parents[1] / "fixtures" / "topo"
+EIGHT = ["dgx-a100-8x_epyc7742_10nic_numa3175_tabs.txt", "dgx1-like_8x-v100-sxm2_hybrid-cube-mesh_mlx5.txt",
+         "baobab-gpu048_8x-rtxa6000_nvlink-pairs_2socket_2nic.txt", "h100-8x_hgx_12nic_numa-off_tabs.txt"]
+FOUR = ["a30-4x_nvlink-bridge-pairs_2socket_1nic.txt", "t4-4x_pcie_2socket_1-3-split_sys-node.txt",
+        "ibm-power8-minsky_4x-p100_nv2-pairs_old-format_soc_2nic.txt", "k40m-4x_2socket_old-format_soc_mlx4_tabs.txt"]
+MEM = 40960
+UNIT = 256
+SHAPES: list[list[tuple[int, int]]] = [[(30, 8)], [(50, 16)], [(20, 4)], [(100, 0)], [(200, 0)], [(400, 0)],
+                                       [(40, 8), (40, 8)], [(70, 32)], [(10, 2)], [(800, 0)]]
+
+
+# -- cluster building ---------------------------------------------------------------------------------------
+def inventories(files: Sequence[str]) -> list[Inventory]:
+    return [inventory_from_topo_file(TOPO / f, memory_mib=MEM, model="NVIDIA A100-SXM4-40GB") for f in files]
+
+
+def node_obj(name: str, inv: Inventory) -> dict[str, Any]:
+    ann = {podspec.ANN_NODE_INVENTORY: node_inventory.encode(inv, frozenset(), UNIT)}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": ann}}
+
+
+def pod_obj(name: str, containers: Sequence[tuple[int, int]], node: str | None = None,
+            minors: Sequence[Sequence[int]] | None = None, uid: str | None = None) -> dict[str, Any]:
+    cs = []
+    for i, (cores, units) in enumerate(containers):
+        limits = {podspec.RESOURCE_CORE: str(cores)}
+        if units:
+            limits[podspec.RESOURCE_MEMORY] = str(units)
+        cs.append({"name": f"c{i}", "image": "cuda", "resources": {"limits": limits}})
+    meta: dict[str, Any] = {"name": name, "namespace": "default", "annotations": {}}
+    if uid:
+        meta["uid"] = uid
+    p: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": cs}}
+    if node is not None and minors is not None:
+        meta["annotations"] = {podspec.ANN_PREDICATE_NODE: node, podspec.ANN_PREDICATE_TIME: "1",
+                               podspec.ANN_ASSIGNED: "true",
+                               **{f"{podspec.ANN_PREDICATE_IDX}{i}": ",".join(map(str, m))
+                                  for i, m in enumerate(minors)}}
+        p["spec"]["nodeName"] = node
+        p["status"] = {"phase": "Running"}
+    return p
+
+
+def seed_holdings(rng: random.Random, name: str, cards: int) -> list[dict[str, Any]]:
+    """Pods already running on a node: per card, free (40 %), one whole-card pod (25 %), or shares."""
+    pods = []
+    for c in range(cards):
+        r = rng.random()
+        if r < 0.4:
+            continue
+        if r < 0.65:
+            pods.append(pod_obj(f"{name}-w{c}", [(100, 0)], name, [[c]]))
+            continue
+        left_cores, left_units = 100, MEM // UNIT
+        for k in range(rng.randint(1, 3)):
+            cores = rng.choice([10, 20, 30, 40])
+            units = rng.choice([4, 8, 16, 32])
+            if cores > left_cores or units > left_units:
+                break
+            left_cores -= cores
+            left_units -= units
+            pods.append(pod_obj(f"{name}-s{c}-{k}", [(cores, units)], name, [[c]]))
+    return pods
+
+
+# -- part 1: latency over HTTP -------------------------------------------------------------------------------
+def serve_cluster(nodes: int, conn: Any) -> None:
+    """In a child process: the API test server with the seeded cluster; sends its URL, serves until told."""
+    from gpumgr.sim.kubeapi import ThreadedKubeApiServer
+
+    rng = random.Random(5)
+    invs = inventories(EIGHT)
+    api = ThreadedKubeApiServer()
+    held = 0
+    for i in range(nodes):
+        name = f"node-{i:05d}"
+        api.store.create_node(node_obj(name, invs[i % len(invs)]))
+        for p in seed_holdings(rng, name, 8):
+            api.store.create_pod(p)
+            held += 1
+    conn.send((api.start(), held, len(invs)))
+    conn.recv()
+    api.stop()
+
+
+async def latency(nodes: int, rounds: int) -> None:
+    import gc
+    import multiprocessing
+
+    import aiohttp
+
+    from gpumgr.extender.server import ExtenderServer
+    from gpumgr.sim.kubeapi import write_kubeconfig
+
+    rng = random.Random(6)
+    names = [f"node-{i:05d}" for i in range(nodes)]
+    parent, child = multiprocessing.get_context("spawn").Pipe()
+    proc = multiprocessing.get_context("spawn").Process(target=serve_cluster, args=(nodes, child), daemon=True)
+    t0 = time.perf_counter()
+    proc.start()
+    api_url, held, topologies = parent.recv()
+    print(f"cluster: {nodes} nodes x 8 cards ({topologies} topologies), {held} running GPU pods; API test server "
+          f"in a child process (ready in {time.perf_counter() - t0:.1f} s)")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", api_url)
+            server = ExtenderServer(str(kubeconfig))
+            t0 = time.perf_counter()
+            port = await server.start("127.0.0.1", 0)
+            await server.wait_ready(600)
+            gc.freeze()  # as `gpumgr extender` does once synced
+            print(f"extender synced (paged list of nodes and pods) in {time.perf_counter() - t0:.1f} s")
+            await _rounds(f"http://127.0.0.1:{port}/gpumgr", api_url, names, rounds, rng, aiohttp)
+            await server.stop()
+    finally:
+        parent.send("stop")
+        proc.join(timeout=30)
+
+
+async def _rounds(url: str, api_url: str, names: list[str], rounds: int, rng: random.Random, aiohttp: Any) -> None:
+    filt, prio, both, bind, cold = [], [], [], [], []
+    refused = bound = 0
+    seen: set[int] = set()
+    async with aiohttp.ClientSession() as http:
+        async def post(target: str, body: Any) -> Any:
+            async with http.post(target, json=body) as r:
+                assert r.status in (200, 201), await r.text()
+                return await r.json()
+
+        async def timed(target: str, body: Any) -> tuple[float, Any]:
+            """Seconds from sending the (already encoded) body to having the whole answer; decoded after."""
+            data = json.dumps(body).encode()
+            t0 = time.perf_counter()
+            async with http.post(target, data=data, headers={"Content-Type": "application/json"}) as r:
+                raw = await r.read()
+                took = time.perf_counter() - t0
+                assert r.status == 200, raw[:300]
+            return took, json.loads(raw)
+
+        for k in range(rounds):
+            shape = rng.randrange(len(SHAPES))
+            p = await post(f"{api_url}/api/v1/namespaces/default/pods", pod_obj(f"bench-{k}", SHAPES[shape]))
+            t_filter, res = await timed(f"{url}/filter", {"Pod": p, "NodeNames": names, "Nodes": None})
+            passed = res["NodeNames"]
+            t_prio, ranked = 0.0, []
+            if passed:
+                t_prio, ranked = await timed(f"{url}/prioritize", {"Pod": p, "NodeNames": passed, "Nodes": None})
+            (both if shape in seen else cold).append(t_filter + t_prio)
+            if shape in seen:
+                filt.append(t_filter)
+                if passed:
+                    prio.append(t_prio)
+            seen.add(shape)
+            if not ranked:
+                refused += 1
+                continue
+            best = max(ranked, key=lambda h: h["Score"])["Host"]
+            t_bind, out = await timed(f"{url}/bind", {"PodName": p["metadata"]["name"], "PodNamespace": "default",
+                                                      "PodUID": p["metadata"]["uid"], "Node": best})
+            bind.append(t_bind)
+            if out["Error"]:
+                print("bind error:", out["Error"])
+            else:
+                bound += 1
+    print(f"{rounds} pods ({len(SHAPES)} shapes): {bound} bound, {refused} fit nowhere")
+    print(f"filter      ({len(names)} NodeNames, warm): {summary_ms(filt)}")
+    print(f"prioritize  (passing nodes, warm):     {summary_ms(prio)}")
+    print(f"filter+prioritize (warm):              {summary_ms(both)}   goal p99 <= 20 ms: "
+          f"{'met' if pct(both, 99) <= 0.020 else 'NOT met'}")
+    print(f"filter+prioritize (first call of each shape, cold): {summary_ms(cold)}")
+    print(f"bind (patch + Binding over HTTP):     {summary_ms(bind)}   goal p99 <= 10 ms: "
+          f"{'met' if bind and pct(bind, 99) <= 0.010 else 'NOT met'}")
+
+
+# -- part 2: placement quality --------------------------------------------------------------------------------
+def workload(rng: random.Random, steps: int) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for _ in range(steps):
+        if rng.random() < 0.25:
+            out.append(("leave", rng.random()))
+            continue
+        r = rng.random()
+        if r < 0.5:
+            out.append(("pod", [(rng.choice([10, 20, 30, 40, 50, 60, 70, 80, 90]), rng.choice([4, 8, 16, 32, 64]))]))
+        elif r < 0.75:
+            out.append(("pod", [(100, 0)]))
+        else:
+            out.append(("pod", [(rng.choice([200, 200, 200, 400]), 0)]))
+    return out
+
+
+class Gpumgr:
+    """The extender's decisions: filter, prioritize, best score (first by name on ties), cards from bind."""
+
+    def __init__(self, cluster: list[tuple[str, Inventory]], policy: str = "binpack"):
+        self.view = ClusterView()
+        self.view.replace_nodes({n: node_inventory.encode(inv, frozenset(), UNIT) for n, inv in cluster})
+        self.view.replace_pods([])
+        self.names = [n for n, _ in cluster]
+        self.policy = policy
+        self.pods: dict[str, dict[str, Any]] = {}
+
+    def place(self, key: str, containers: list[tuple[int, int]]) -> tuple[str, list[tuple[int, ...]]] | None:
+        p = pod_obj(key, containers, uid=key)
+        ask = pod_ask(p)
+        fits = self.view.verdicts(ask, key, self.names)
+        passed = [n for n, f in zip(self.names, fits, strict=True) if f.ok]
+        if not passed:
+            return None
+        placed = self.view.placements(ask, key, passed)
+        s = scores(placed, self.policy)
+        best = max(range(len(passed)), key=lambda i: (s[i], -i))
+        shape = self.view.nodes[passed[best]].shape
+        assert shape is not None
+        cards = list(placed[best].cards)
+        bound = pod_obj(key, containers, passed[best], [shape.minors(c) for c in cards], uid=key)
+        self.view.set_pod(bound)
+        self.pods[key] = bound
+        return passed[best], cards
+
+    def leave(self, key: str) -> None:
+        self.view.remove_pod(self.pods.pop(key))
+
+
+class Admission:
+    """gpu-admission's rules: nodes by (free cores, free memory, name) ascending, the first that fits;
+    shares first fit on cards by (free cores, free memory, index); whole cards the first free ones; no topology."""
+
+    def __init__(self, cluster: list[tuple[str, Inventory]]):
+        self.ledgers = {n: Ledger(g.memory_mib for g in inv.gpus) for n, inv in cluster}
+
+    def place(self, key: str, containers: list[tuple[int, int]]) -> tuple[str, list[tuple[int, ...]]] | None:
+        def order(n: str) -> tuple[int, int, str]:
+            cs = self.ledgers[n].cards
+            return sum(c.free_cores for c in cs), sum(c.free_memory_mib for c in cs), n
+
+        for n in sorted(self.ledgers, key=order):
+            work = self.ledgers[n].copy()
+            chosen = []
+            for i, (cores, units) in enumerate(containers):
+                cards = sorted(work.cards, key=lambda c: (c.free_cores, c.free_memory_mib, c.index))
+                if cores < 100:
+                    fit = [c.index for c in cards if c.mode != "exclusive" and c.free_cores >= cores
+                           and c.free_memory_mib >= units * UNIT][:1]
+                else:
+                    fit = [c.index for c in cards if c.mode == "free"][:cores // 100]
+                if len(fit) < max(1, cores // 100):
+                    break
+                work.assign(Allocation(f"{key}/{i}", tuple(fit), cores, units * UNIT))
+                chosen.append(tuple(fit))
+            else:
+                self.ledgers[n] = work
+                return n, chosen
+        return None
+
+    def leave(self, key: str) -> None:
+        for ledger in self.ledgers.values():
+            for k in [k for k in ledger.allocations if k.split("/")[0] == key]:
+                ledger.release(k)
+
+
+def replay(policy: Any, topo: dict[str, Topology],
+           steps: list[tuple[str, Any]]) -> tuple[int, list[float], Any]:
+    """Pods placed before the first refusal, the worst-link cost of each multi-card pod placed, the refused ask."""
+    running: list[str] = []
+    placed, worst, refused = 0, [], None
+    for i, (kind, arg) in enumerate(steps):
+        if kind == "leave":
+            if running:
+                policy.leave(running.pop(int(arg * len(running))))
+            continue
+        key = f"p{i}"
+        got = policy.place(key, arg)
+        if got is None:
+            refused = arg
+            break
+        placed += 1
+        running.append(key)
+        node, cards = got
+        for c in cards:
+            if len(c) > 1:
+                worst.append(lv.cost(lv.name(topo[node].worst(c))))
+    return placed, worst, refused
+
+
+def quality(seeds: int) -> None:
+    invs = inventories(EIGHT + FOUR)
+    cluster = [(f"n{i:02d}", invs[i % len(invs)]) for i in range(24)]
+    topo = {n: Topology(inv.levels) for n, inv in cluster}
+    print(f"\nsimulated cluster: {len(cluster)} nodes ({sum(len(i.gpus) for _, i in cluster)} cards, "
+          f"{len(invs)} real topologies); workload: 50 % shares, 25 % one card, 25 % 2 or 4 cards, 25 % of "
+          f"steps a departure")
+    print(f"{'seed':>4} | {'gpumgr placed':>13} {'worst link':>10} | {'baseline placed':>15} {'worst link':>10}")
+    ratios_placed, ratios_link = [], []
+    for seed in range(seeds):
+        steps = workload(random.Random(seed), 4000)
+        t0 = time.perf_counter()
+        ours, our_worst, our_refused = replay(Gpumgr(cluster), topo, steps)
+        took = time.perf_counter() - t0
+        base, base_worst, base_refused = replay(Admission(cluster), topo, steps)
+        mean_ours = sum(our_worst) / len(our_worst) if our_worst else float("nan")
+        mean_base = sum(base_worst) / len(base_worst) if base_worst else float("nan")
+        ratios_placed.append(ours / base if base else float("nan"))
+        ratios_link.append(mean_base / mean_ours if mean_ours else float("nan"))
+        print(f"{seed:>4} | {ours:>13} {mean_ours:>10.1f} | {base:>15} {mean_base:>10.1f}   "
+              f"(first refused: gpumgr {_ask(our_refused)}, baseline {_ask(base_refused)}; "
+              f"{took:.1f} s for gpumgr's {ours} decisions)")
+    print(f"pods placed before the first refusal, gpumgr / baseline: mean ratio {sum(ratios_placed) / seeds:.2f}")
+    print(f"mean worst-link cost of multi-card pods (NV# < 10 <= PIX 10 ... SYS 50; lower is better), "
+          f"baseline / gpumgr: mean ratio {sum(ratios_link) / seeds:.2f}")
+
+
+def _ask(containers: Any) -> str:
+    if containers is None:
+        return "none"
+    return "+".join(f"{c}c/{u}u" if c < 100 else f"{c // 100} card{'s' if c > 100 else ''}" for c, u in containers)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=5000)
+    ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--seeds", type=int, default=5)
+    args = ap.parse_args(argv if argv is not None else [])
+    asyncio.run(latency(args.nodes, args.rounds))
+    quality(args.seeds)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

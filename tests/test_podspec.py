@@ -1,0 +1,33 @@
+"""Reading what pods ask for."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpumgr import podspec
+
+
+@pytest.mark.parametrize(("raw", "want"), [("30", 30), (30, 30), ("1k", 1000), ("2e3", 2000), ("1000m", 1),
+                                           ("1.5k", 1500), ("2Ki", 2048), (None, 0)])
+def test_quantities_in_kubernetes_forms(raw, want):
+    assert podspec.quantity(raw) == want
+
+
+@pytest.mark.parametrize("raw", ["1500m", "0.5", "abc", "-3", True, "1x"])
+def test_non_whole_or_malformed_quantities_are_refused(raw):
+    with pytest.raises(ValueError):
+        podspec.quantity(raw)
+
+
+def test_gpu_containers_and_model_filter():
+    pod = {"metadata": {"annotations": {podspec.ANN_GPU_MODEL: "A100, h100", podspec.ANN_GPU_MODEL_EXCLUDE: "PCIe"}},
+           "spec": {"initContainers": [{"name": "i", "resources": {"limits": {podspec.RESOURCE_CORE: "10",
+                                                                              podspec.RESOURCE_MEMORY: "1"}}}],
+                    "containers": [{"name": "cpu"},
+                                   {"name": "g", "resources": {"requests": {podspec.RESOURCE_CORE: "1k"}}}]}}
+    asks = podspec.gpu_containers(pod, include_init=True)
+    assert [(a.name, a.index, a.cores, a.init) for a in asks] == [("i", 0, 10, True), ("g", 1, 1000, False)]
+    ok, no = podspec.model_filter(pod)
+    assert podspec.model_matches("NVIDIA H100 80GB HBM3", ok, no)
+    assert not podspec.model_matches("NVIDIA A100-PCIE-40GB", ok, no)
+    assert not podspec.model_matches("Tesla T4", ok, no)
