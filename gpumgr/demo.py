@@ -64,6 +64,9 @@ class Demo:
         with resources.as_file(spec) as spec_path:
             inventory = load_node_spec(spec_path)
         self.progress("starting the Kubernetes API test server and the kubelet emulator")
+        if self.metrics_port and not _port_free(self.metrics_port):
+            self.progress(f"port {self.metrics_port} is taken: serving /metric on a free port instead")
+            self.metrics_port = 0
         addr = f"127.0.0.1:{self.metrics_port}"
         self.node = SimNode(self.workdir, inventory, node_name="demo-node", metrics_addr=addr)
         await self.node.start(agent=False)
@@ -80,7 +83,7 @@ class Demo:
     async def _wait_extender_sees_node(self) -> None:
         assert self.node
         for _ in range(200):
-            if self.extender.view.has_node(self.node.node_name):
+            if self.node.node_name in self.extender.view.nodes:
                 return
             await asyncio.sleep(0.05)
 
@@ -170,7 +173,9 @@ class Demo:
     async def _print_metrics(self) -> None:
         import aiohttp
 
-        url = f"http://127.0.0.1:{self.metrics_port}/metric"
+        assert self.node and self.node.agent and self.node.agent.http
+        base = self.node.agent.http.url
+        url = f"{base}/metric"
         self.step("metrics")
         try:
             async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
@@ -182,8 +187,18 @@ class Demo:
         lines = [ln for ln in text.splitlines() if ln.startswith(wanted)]
         for ln in lines[:12]:
             self.say("  " + ln)
-        self.say(f"Prometheus metrics: {url}   (also /graph, /usage; `gpumgr status --addr "
-                 f"http://127.0.0.1:{self.metrics_port}`)")
+        self.say(f"Prometheus metrics: {url}   (also /graph, /usage; try `gpumgr status --addr {base}`)")
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 async def run_demo(once: bool, metrics_port: int, out: TextIO = sys.stdout) -> int:

@@ -21,7 +21,8 @@ def render_tree(topo: Topology, ledger: Ledger, inv: Inventory | None = None) ->
         c = ledger.cards[g]
         name = f" {inv.gpus[g].name}" if inv else ""
         health = "" if c.healthy else ", UNHEALTHY"
-        holders = f", holders: {', '.join(sorted(c.holders))}" if c.holders else ""
+        names = sorted(holder_name(ledger, k) for k in c.holders)
+        holders = f", holders: {', '.join(names)}" if c.holders else ""
         return (f"GPU{g}{name} ({c.mode}, cores {c.free_cores}/100, memory {c.free_memory_mib}/"
                 f"{c.memory_mib} MiB{health}{holders})")
 
@@ -40,11 +41,21 @@ def render_tree(topo: Topology, ledger: Ledger, inv: Inventory | None = None) ->
     return "\n".join(lines)
 
 
+def holder_name(ledger: Ledger, key: str) -> str:
+    """`namespace/pod/container` of an allocation when known (with `?` while unverified), else its key."""
+    alloc = ledger.allocations.get(key)
+    meta = alloc.meta if alloc else {}
+    if not meta.get("pod"):
+        return key
+    mark = "" if meta.get("verified") == "true" else "?"
+    return f"{meta.get('namespace', 'default')}/{meta['pod']}/{meta.get('container', '')}{mark}"
+
+
 def render_cards(ledger: Ledger, inv: Inventory | None = None) -> str:
     rows: list[tuple[str, ...]] = [("GPU", "MODEL", "MODE", "HEALTH", "FREE CORES", "FREE MEMORY", "HOLDERS")]
     for c in ledger.cards:
         holders = ", ".join(
-            f"{k} ({h.cores}c/{h.memory_mib}MiB)" for k, h in sorted(c.holders.items())
+            f"{holder_name(ledger, k)} ({h.cores}c/{h.memory_mib}MiB)" for k, h in sorted(c.holders.items())
         ) or "-"
         rows.append((
             str(c.index), inv.gpus[c.index].name if inv else "-", c.mode,
