@@ -32,7 +32,8 @@ def test_agent_default_flags() -> None:
         "vdevice-root": "/etc/gpu-manager/vm",
         "checkpoint-dir": "/etc/gpu-manager/checkpoint",
         "memory-unit-mib": "256",
-        "driver-root": "/usr/lib/x86_64-linux-gnu",
+        "driver-root": "/host/usr/lib/x86_64-linux-gnu",
+        "nvml-lib": "/host/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
         "shim-dir": "/etc/gpu-manager/vdriver",
         "metrics-addr": "0.0.0.0:5678",
         "check-period": "30",
@@ -85,7 +86,7 @@ def test_flag_paths_are_the_mounted_host_paths() -> None:
     for flag in ("device-plugin-dir", "vdevice-root", "checkpoint-dir", "shim-dir"):
         path = args[flag]
         assert path is not None and mounts[path] == path, flag
-    assert args["driver-root"] == "/usr/lib64"
+    assert args["driver-root"] == "/host/usr/lib64"
     assert mounts["/usr/lib64"] == "/host/usr/lib64"
     assert mounts["/proc"] == args["proc-root"] == "/host/proc"
 

@@ -29,7 +29,6 @@ def expand(spec: dict[str, str]) -> set[Grant]:
 AGENT = expand(
     {
         "pods": "get list watch patch",
-        "pods/status": "update patch",
         "nodes": "get patch",
         "events": "create patch",
     }
