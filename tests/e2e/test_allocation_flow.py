@@ -139,3 +139,33 @@ async def test_a_pod_that_does_not_fit_is_refused_and_changes_nothing():
         with pytest.raises(AdmissionError):
             await node.run_pod("more", [("main", 30, 4)])
         assert node.agent.state.ledger.to_json() == before
+
+
+async def test_cdi_names_and_vdevice_permissions():
+    import os
+    import stat
+
+    async with sim_node("gtx1080ti", cdi=True) as node:
+        admitted = await node.run_pod("cdi", [("main", 10, 1)])
+        resp = admitted.container("main").responses[CORE]
+        uuid = env_of(admitted, "main")["NVIDIA_VISIBLE_DEVICES"]
+        assert [d.name for d in resp.cdi_devices] == [f"nvidia.com/gpu={uuid}"]
+        assert {m.container_path: m.read_only for m in resp.mounts} == {
+            "/usr/local/nvidia/lib64": True, "/etc/vcuda": True, "/usr/local/gpumgr": True}
+        vdir = Path(mounts_of(admitted, "main")["/etc/vcuda"])
+        mode = lambda p: stat.S_IMODE(os.stat(p).st_mode)  # noqa: E731
+        # any user in the container can read the limits and reach the socket; nobody there can change them
+        assert mode(vdir) == 0o755 and mode(vdir / "limits") == 0o644 and mode(vdir / "vcuda.sock") == 0o666
+        shim = Path(mounts_of(admitted, "main")["/usr/local/gpumgr"]) / "lib64" / "libvcuda.so"
+        assert shim.is_file()
+
+
+async def test_fractional_pods_are_refused_while_the_shim_is_missing():
+    from gpumgr.sim.kubelet import AdmissionError
+
+    async with sim_node("gtx1080ti") as node:
+        (Path(node.config.shim_dir) / "lib64" / "libvcuda.so").unlink()
+        with pytest.raises(AdmissionError) as e:
+            await node.run_pod("frac", [("main", 10, 1)])
+        assert "the vCUDA shim is not installed" in str(e.value) + e.value.details
+        await node.run_pod("whole", [("main", 100, 0)])  # whole cards need no shim

@@ -1,0 +1,34 @@
+"""`gpumgr run` as an operator meets it: bad flags and a node without NVML end with one clear line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpumgr.cli", "run", *args], capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def test_no_nvml_on_this_machine_is_one_log_line_and_exit_3(tmp_path):
+    p = run("--node-name", "n1", "--kubeconfig", str(tmp_path / "none"), "--checkpoint-dir", str(tmp_path / "c"))
+    assert p.returncode == 3, p.stderr
+    assert "Traceback" not in p.stderr
+    errors = [ln for ln in p.stderr.splitlines() if "ERROR" in ln]
+    assert len(errors) == 1 and "GPU discovery failed" in errors[0] and "NVML" in errors[0]
+
+
+def test_bad_flags_are_refused_before_anything_starts(tmp_path):
+    for args, words in [
+        (("--temp-healthy", "99"), "health settings"),
+        (("--health-ignore-xids", "13,x"), "comma list of numbers"),
+        (("--check-period", "0"), "--check-period must be at least"),
+        (("--metrics-addr", "nowhere"), "HOST:PORT"),
+        (("--log-level", "loud"), "--log-level must be one of"),
+    ]:
+        p = run("--node-name", "n1", *args)
+        assert p.returncode == 2, (args, p.stderr)
+        assert words in p.stderr and "Traceback" not in p.stderr
+    p = run(env={"PATH": "/usr/bin:/bin"})
+    assert p.returncode == 2 and "--node-name" in p.stderr
