@@ -1,0 +1,84 @@
+/* The state every process of one container shares: memory in use per device
+ * (reserved atomically under a robust process-shared mutex that a dying
+ * process cannot leave held), one slot per process (so a dead process's
+ * memory is given back), and the compute limiter's token buckets. */
+#ifndef VC_SHM_H
+#define VC_SHM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "vc_common.h"
+
+#define VC_SHM_MAGIC 0x44554356u /* "VCUD" */
+#define VC_SHM_VERSION 1u
+#define VC_MAX_SLOTS 256
+
+struct vc_slot {
+    int32_t pid;      /* 0 = free */
+    int32_t host_pid; /* pid as the host (NVML) sees it */
+    uint64_t start_time;
+    uint64_t used[VC_MAX_DEV];
+    uint64_t overhead[VC_MAX_DEV]; /* contexts, modules: NVML usage beyond what the shim counted */
+};
+
+/* Compute limiter state of one device, shared by the container's processes. */
+struct vc_throttle {
+    _Alignas(64) _Atomic int64_t tokens;  /* cost units available now */
+    _Atomic uint64_t rate;                /* cost units per second; 0 = not started */
+    _Atomic uint64_t refill_ns;           /* last refill */
+    _Atomic uint64_t ctrl_ns;             /* last controller step */
+    _Atomic uint32_t throttled;           /* a launch waited since the last controller step */
+    _Atomic uint32_t pad;
+    /* Written only by the process that won the controller step. */
+    _Atomic uint64_t last_seen_ts;        /* NVML sample timestamp already consumed */
+    _Atomic uint64_t last_sample_ns;      /* when a sample last arrived */
+    _Atomic uint64_t other_x1000;         /* smoothed utilisation of other containers, x1000 */
+    _Atomic uint64_t own_x1000;           /* last measured own utilisation, x1000 */
+    _Atomic uint64_t target_x1000;        /* current target, x1000 */
+    _Atomic uint64_t added;               /* tokens ever added (to measure consumption) */
+    _Atomic uint64_t ctrl_added;          /* `added` at the last controller step */
+    _Atomic int64_t ctrl_tokens;          /* `tokens` at the last controller step */
+};
+
+struct vc_shm {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t size;
+    uint32_t pad;
+    pthread_mutex_t lock;
+    uint64_t used[VC_MAX_DEV];     /* sum of slots' used */
+    uint64_t overhead[VC_MAX_DEV]; /* sum of slots' overhead */
+    struct vc_throttle thr[VC_MAX_DEV];
+    struct vc_slot slots[VC_MAX_SLOTS];
+};
+
+/* Map (creating if needed) the region for this container. Falls back to a
+ * private region if the shared one cannot be used. Never fails. */
+struct vc_shm *vc_shm_attach(const char *shared_dir, const char *key_path_a, const char *key_path_b);
+/* Take a slot for this process (pid, host pid). */
+void vc_shm_claim(struct vc_shm *s, int host_pid);
+/* Claim a slot unless this process already has one. */
+void vc_shm_claim_if_needed(struct vc_shm *s, int host_pid);
+/* Forget this process's slot (after fork, in the child). */
+void vc_shm_forget_slot(void);
+/* Give back this process's slot and its usage (normal exit). */
+void vc_shm_release_slot(struct vc_shm *s);
+
+/* Reserve bytes on device slot d if used + overhead + bytes <= limit.
+ * 0 = reserved, -1 = over the limit. limit 0 = no limit (still counted). */
+int vc_shm_reserve(struct vc_shm *s, int d, uint64_t bytes, uint64_t limit);
+void vc_shm_unreserve(struct vc_shm *s, int d, uint64_t bytes);
+/* Memory the container uses on d (allocations + overhead). */
+uint64_t vc_shm_in_use(struct vc_shm *s, int d);
+/* Set this process's overhead on d. */
+void vc_shm_set_overhead(struct vc_shm *s, int d, uint64_t bytes);
+/* This process's counted bytes on d. */
+uint64_t vc_shm_own_used(struct vc_shm *s, int d);
+/* Free the slots of processes that are gone. */
+void vc_shm_sweep(struct vc_shm *s);
+/* Host pids of the live processes of the container (up to cap). */
+int vc_shm_host_pids(struct vc_shm *s, int *out, int cap);
+
+#endif

@@ -1,0 +1,397 @@
+#define _GNU_SOURCE
+#include "vc_throttle.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "vc_hooks.h"
+#include "vc_log.h"
+#include "vc_pfn.h"
+#include "vc_state.h"
+
+struct vc_throttle *vc_thr[VC_MAX_DEV];
+_Atomic uint64_t vc_cost_avg;
+
+#define REFILL_MIN_NS 1000000ull        /* refill at most every 1 ms */
+#define REFILL_MAX_GAP_NS 100000000ull  /* credit at most 100 ms of idle time */
+#define BURST_NS 50000000ull            /* bucket holds 50 ms worth */
+#define CTRL_PERIOD_NS 100000000ull     /* controller step every 100 ms */
+#define WATCH_TICK_NS 5000000ull        /* watcher wakes every 5 ms */
+#define SLOW_PERIOD_NS 1000000000ull    /* memory overhead and sweep every second */
+#define NO_SAMPLE_IDLE_NS 1000000000ull /* no NVML sample for 1 s = idle */
+#define SOFT_MARGIN 50                  /* per mille left free when borrowing */
+#define STALE_NS 1000000000ull          /* controller not stepped for 1 s: its state is stale */
+
+static struct {
+    int target_x1000; /* the share */
+    int hard;
+    int ceiling_x1000;
+    struct vc_shm *shm;
+} cfg;
+
+static atomic_int watcher_running;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void vc_throttle_configure(int core_limit, int hard, int ceiling)
+{
+    cfg.target_x1000 = core_limit * 10;
+    cfg.hard = hard;
+    cfg.ceiling_x1000 = (ceiling <= 0 || ceiling > 100) ? 1000 : ceiling * 10;
+    if (cfg.ceiling_x1000 < cfg.target_x1000)
+        cfg.ceiling_x1000 = cfg.target_x1000;
+}
+
+void vc_throttle_enable(int slot, struct vc_shm *shm)
+{
+    cfg.shm = shm;
+    struct vc_throttle *t = &shm->thr[slot];
+    /* If no process of the container has stepped this controller for a while,
+     * what it learned belongs to a workload that is gone: start cold, from
+     * the next launch's cost, instead of letting a new workload burst at an
+     * old rate. */
+    uint64_t now = now_ns(), last = atomic_load(&t->ctrl_ns);
+    if ((last == 0 || now - last > STALE_NS) && atomic_compare_exchange_strong(&t->ctrl_ns, &last, now)) {
+        atomic_store(&t->rate, 0);
+        atomic_store(&t->tokens, 0);
+        atomic_store(&t->refill_ns, 0);
+        atomic_store(&t->throttled, 0);
+        atomic_store(&t->ctrl_added, atomic_load(&t->added));
+        atomic_store(&t->ctrl_tokens, 0);
+        atomic_store(&t->last_sample_ns, 0);
+    }
+    vc_thr[slot] = t;
+}
+
+void vc_throttle_after_fork(void)
+{
+    atomic_store(&watcher_running, 0);
+}
+
+static void refill(struct vc_throttle *t, uint64_t now)
+{
+    uint64_t last = atomic_load_explicit(&t->refill_ns, memory_order_relaxed);
+    if (now <= last || now - last < REFILL_MIN_NS)
+        return;
+    uint64_t rate = atomic_load_explicit(&t->rate, memory_order_relaxed);
+    if (rate == 0)
+        return;
+    uint64_t gap = now - last;
+    uint64_t next_last;
+    double add;
+    if (gap > REFILL_MAX_GAP_NS || last == 0) {
+        add = (double)rate * (double)REFILL_MAX_GAP_NS / 1e9;
+        next_last = now;
+    } else {
+        /* Whole tokens only; the time the remainder stands for is carried. */
+        add = (double)(uint64_t)((double)rate * (double)gap / 1e9);
+        if (add < 1.0)
+            return;
+        next_last = last + (uint64_t)(add * 1e9 / (double)rate);
+    }
+    if (!atomic_compare_exchange_strong(&t->refill_ns, &last, next_last))
+        return; /* another thread or process did this refill */
+    double capd = (double)rate * (double)BURST_NS / 1e9;
+    int64_t cap = capd > 4e18 ? INT64_MAX / 2 : (int64_t)capd + 1;
+    int64_t cur = atomic_load_explicit(&t->tokens, memory_order_relaxed);
+    for (;;) {
+        double nd = (double)cur + add;
+        int64_t next = nd > (double)cap ? cap : (int64_t)nd;
+        if (next <= cur)
+            break;
+        if (atomic_compare_exchange_weak(&t->tokens, &cur, next)) {
+            atomic_fetch_add_explicit(&t->added, (uint64_t)(next - cur), memory_order_relaxed);
+            break;
+        }
+    }
+}
+
+void vc_throttle_wait(struct vc_throttle *t, uint64_t cost)
+{
+    atomic_fetch_add(&t->tokens, (int64_t)cost); /* undo the hot path's take */
+    atomic_store(&t->throttled, 1);
+    uint64_t zero = 0;
+    if (atomic_load(&t->rate) == 0 && atomic_compare_exchange_strong(&t->rate, &zero, cost * 100 + 1)) {
+        /* First launch on this device: start at ~100 launches of this size a second;
+         * the controller takes it from there. */
+        atomic_store(&t->refill_ns, now_ns());
+        atomic_fetch_add(&t->tokens, (int64_t)cost);
+    }
+    for (;;) {
+        if (atomic_load_explicit(&t->tokens, memory_order_relaxed) > 0) {
+            if (atomic_fetch_sub(&t->tokens, (int64_t)cost) > 0)
+                return;
+            atomic_fetch_add(&t->tokens, (int64_t)cost);
+        }
+        struct timespec ts = {0, 500000};
+        nanosleep(&ts, NULL);
+        refill(t, now_ns()); /* do not depend on the watcher being alive */
+        atomic_store_explicit(&t->throttled, 1, memory_order_relaxed);
+    }
+}
+
+/* ---- the controller ---- */
+
+static int in_set(unsigned pid, const int *set, int n)
+{
+    for (int i = 0; i < n; i++)
+        if ((unsigned)set[i] == pid)
+            return 1;
+    return 0;
+}
+
+/* Read new NVML samples for device slot s: own and other utilisation x1000.
+ * Returns 0 with values, 1 if there is nothing new, -1 on error. */
+static int sample(int s, struct vc_throttle *t, uint64_t now, uint64_t *own, uint64_t *other)
+{
+    pfn_nvmlDeviceGetProcessUtilization get = REAL_I(nvmlDeviceGetProcessUtilization);
+    nvmlDevice_t h = vc.nvml[s];
+    if (!get || !h)
+        return -1;
+    nvmlProcessUtilizationSample_t stackbuf[64], *buf = stackbuf;
+    unsigned int n = 64;
+    unsigned long long last = atomic_load(&t->last_seen_ts);
+    nvmlReturn_t r = get(h, buf, &n, last);
+    if (r == NVML_ERROR_INSUFFICIENT_SIZE && n > 64 && n < 100000) {
+        buf = malloc(n * sizeof(*buf));
+        if (!buf)
+            return -1;
+        r = get(h, buf, &n, last);
+    }
+    if (r == NVML_ERROR_NOT_FOUND) {
+        if (buf != stackbuf)
+            free(buf);
+        uint64_t ls = atomic_load(&t->last_sample_ns);
+        if (ls && now - ls < NO_SAMPLE_IDLE_NS)
+            return 1;
+        atomic_store(&t->last_sample_ns, now);
+        *own = *other = 0;
+        return 0;
+    }
+    if (r != NVML_SUCCESS) {
+        if (buf != stackbuf)
+            free(buf);
+        return -1;
+    }
+    int pids[VC_MAX_SLOTS];
+    int np = vc_shm_host_pids(vc.shm, pids, VC_MAX_SLOTS);
+    /* A process may have several samples: average each process's, then sum. */
+    uint64_t own_sum = 0, other_sum = 0, newest = last;
+    for (unsigned i = 0; i < n; i++) {
+        if (buf[i].timeStamp > newest)
+            newest = buf[i].timeStamp;
+        int first = 1;
+        for (unsigned j = 0; j < i; j++)
+            if (buf[j].pid == buf[i].pid)
+                first = 0;
+        if (!first)
+            continue;
+        uint64_t sum = 0, cnt = 0;
+        for (unsigned j = i; j < n; j++) {
+            if (buf[j].pid == buf[i].pid) {
+                sum += buf[j].smUtil > 100 ? 100 : buf[j].smUtil;
+                cnt++;
+            }
+        }
+        uint64_t avg = sum * 10 / cnt; /* percent -> per mille */
+        if (in_set(buf[i].pid, pids, np))
+            own_sum += avg;
+        else
+            other_sum += avg;
+    }
+    if (buf != stackbuf)
+        free(buf);
+    atomic_store(&t->last_seen_ts, newest);
+    atomic_store(&t->last_sample_ns, now);
+    *own = own_sum > 1000 ? 1000 : own_sum;
+    *other = other_sum > 1000 ? 1000 : other_sum;
+    return 0;
+}
+
+/* sqrt for f in [0.5, 4] without libm: Newton's method converges in a few steps. */
+static double root(double f)
+{
+    double x = (f + 1.0) / 2.0;
+    for (int i = 0; i < 6; i++)
+        x = (x + f / x) / 2.0;
+    return x;
+}
+
+static void control(int s, struct vc_throttle *t, uint64_t now)
+{
+    uint64_t last = atomic_load(&t->ctrl_ns);
+    if (last && now - last < CTRL_PERIOD_NS - CTRL_PERIOD_NS / 10)
+        return;
+    if (!atomic_compare_exchange_strong(&t->ctrl_ns, &last, now))
+        return; /* another process of the container steps this device */
+    uint64_t own, other;
+    if (sample(s, t, now, &own, &other) != 0)
+        return;
+    uint64_t other_s = atomic_load(&t->other_x1000);
+    other_s = (other_s + other) / 2;
+    atomic_store(&t->other_x1000, other_s);
+    atomic_store(&t->own_x1000, own);
+    int64_t target = cfg.target_x1000;
+    if (!cfg.hard) {
+        /* Soft: borrow what the others leave idle, up to the ceiling. */
+        int64_t idle = 1000 - (int64_t)other_s - SOFT_MARGIN;
+        if (idle > target)
+            target = idle;
+        if (target > cfg.ceiling_x1000)
+            target = cfg.ceiling_x1000;
+    }
+    atomic_store(&t->target_x1000, (uint64_t)target);
+    uint64_t rate = atomic_load(&t->rate);
+    /* What the container really spent since the last step (tokens added minus
+     * the change in the bucket). When it is over its share while spending
+     * less than the rate allows (the driver's queue, not the bucket, holds it
+     * back), correct from what it spent, or the rate would take many steps to
+     * come down from a level it does not even use. */
+    uint64_t added = atomic_load(&t->added);
+    int64_t tokens = atomic_load(&t->tokens);
+    int64_t spent = (int64_t)(added - atomic_load(&t->ctrl_added)) - (tokens - atomic_load(&t->ctrl_tokens));
+    atomic_store(&t->ctrl_added, added);
+    atomic_store(&t->ctrl_tokens, tokens);
+    if (rate == 0)
+        return;
+    double spent_rate = last && now > last && spent > 0 ? (double)spent * 1e9 / (double)(now - last) : 0.0;
+    int throttled = atomic_exchange(&t->throttled, 0) != 0;
+    double f = 1.0;
+    if (own > 0) {
+        if ((int64_t)own < target && !throttled)
+            f = 1.0; /* the application asks for less than it may have */
+        else
+            f = (double)target / (double)own;
+    } else if (throttled) {
+        f = 4.0; /* held back but no measurable use yet: double */
+    }
+    if (f < 0.5)
+        f = 0.5;
+    if (f > 4.0)
+        f = 4.0;
+    double base = (double)rate;
+    if ((int64_t)own > target && spent_rate > 0 && spent_rate < base)
+        base = spent_rate;
+    double next = base * root(f);
+    if (next < 1.0)
+        next = 1.0;
+    if (next > 1e15)
+        next = 1e15;
+    atomic_store(&t->rate, (uint64_t)next);
+    /* A lower rate also means a smaller bucket: tokens saved up at the old rate
+     * must not let the container run on unchecked. */
+    int64_t cap = next * (double)BURST_NS / 1e9 > 4e18 ? INT64_MAX / 2 : (int64_t)(next * (double)BURST_NS / 1e9) + 1;
+    int64_t cur = atomic_load(&t->tokens);
+    while (cur > cap && !atomic_compare_exchange_weak(&t->tokens, &cur, cap)) {
+    }
+    VC_DEBUG("slot %d: own %.1f%% other %.1f%% target %.1f%% rate %.0f -> %.0f", s, own / 10.0, other / 10.0,
+             target / 10.0, (double)rate, next);
+}
+
+/* NVML reports what this process really holds on the device; what the shim
+ * did not count (contexts, modules, driver allocations) is its overhead.
+ * A sample taken while this process allocated or freed is thrown away (the
+ * two readings would not describe the same moment), and overhead must be seen
+ * in two consecutive samples before it counts, so a passing allocation is
+ * never mistaken for overhead. */
+static uint64_t last_overhead[VC_MAX_DEV];
+
+static void overhead(int s)
+{
+    nvmlDevice_t h = vc.nvml[s];
+    if (!h)
+        return;
+    uint64_t gen = atomic_load(&vc_mem_gen);
+    uint64_t own_counted = vc_shm_own_used(vc.shm, s);
+    nvmlProcessInfo_t buf[64];
+    unsigned int n = 64;
+    nvmlReturn_t r = NVML_ERROR_FUNCTION_NOT_FOUND;
+    int v1 = 0;
+    if (REAL_I(nvmlDeviceGetComputeRunningProcesses_v3))
+        r = REAL_I(nvmlDeviceGetComputeRunningProcesses_v3)(h, &n, buf);
+    else if (REAL_I(nvmlDeviceGetComputeRunningProcesses_v2))
+        r = REAL_I(nvmlDeviceGetComputeRunningProcesses_v2)(h, &n, buf);
+    else if (REAL_I(nvmlDeviceGetComputeRunningProcesses)) {
+        v1 = 1;
+        r = REAL_I(nvmlDeviceGetComputeRunningProcesses)(h, &n, (nvmlProcessInfo_v1_t *)buf);
+    }
+    if (r != NVML_SUCCESS || atomic_load(&vc_mem_gen) != gen)
+        return;
+    for (unsigned i = 0; i < n; i++) {
+        unsigned pid;
+        unsigned long long used;
+        if (v1) {
+            nvmlProcessInfo_v1_t *x = &((nvmlProcessInfo_v1_t *)buf)[i];
+            pid = x->pid;
+            used = x->usedGpuMemory;
+        } else {
+            pid = buf[i].pid;
+            used = buf[i].usedGpuMemory;
+        }
+        if ((int)pid == vc.host_pid) {
+            uint64_t now = used > own_counted ? used - own_counted : 0;
+            uint64_t confirmed = now < last_overhead[s] ? now : last_overhead[s];
+            last_overhead[s] = now;
+            vc_shm_set_overhead(vc.shm, s, confirmed);
+            return;
+        }
+    }
+}
+
+static void *watcher(void *arg)
+{
+    (void)arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    uint64_t next_slow = 0;
+    for (;;) {
+        uint64_t now = now_ns();
+        for (int s = 0; s < VC_MAX_DEV; s++) {
+            struct vc_throttle *t = vc_thr[s];
+            if (!t)
+                continue;
+            refill(t, now);
+            control(s, t, now);
+        }
+        if (now >= next_slow) {
+            next_slow = now + SLOW_PERIOD_NS;
+            for (int s = 0; s < VC_MAX_DEV; s++)
+                if (vc.mem_limit[s] && vc.nvml[s])
+                    overhead(s);
+            vc_shm_sweep(vc.shm);
+        }
+        struct timespec ts = {0, (long)WATCH_TICK_NS};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+void vc_watcher_start(void)
+{
+    int any = 0;
+    for (int s = 0; s < VC_MAX_DEV; s++)
+        if (vc_thr[s] || (vc.mem_limit[s] && vc.nvml[s]))
+            any = 1;
+    if (!any || atomic_exchange(&watcher_running, 1))
+        return;
+    pthread_t th;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&a, 256 * 1024);
+    if (pthread_create(&th, &a, watcher, NULL) != 0) {
+        atomic_store(&watcher_running, 0);
+        VC_WARN("cannot start the limiter thread (%s); launches refill the limiter themselves", strerror(errno));
+    }
+    pthread_attr_destroy(&a);
+}

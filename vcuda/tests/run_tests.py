@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Runs every test of the vCUDA shim against the fake GPU and prints one
+closing line "N passed, M failed". Long compute tests run concurrently (each
+on its own simulated card), so the suite takes well under a few minutes.
+
+    python run_tests.py --build ../build [-k substring] [-j workers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent.parent))  # the repository, for gpumgr.pb
+
+import cases_compute  # noqa: E402,F401  (registers its cases)
+import cases_identity  # noqa: E402,F401
+import cases_memory  # noqa: E402,F401
+import cases_procaddr  # noqa: E402,F401
+from harness import Fixture  # noqa: E402
+from registry import CASES, Case  # noqa: E402
+
+
+def run_case(c: Case, build: Path, root: Path, idx: int) -> tuple[Case, bool, float, str, list[str]]:
+    tmp = Path(tempfile.mkdtemp(prefix=f"c{idx}-", dir=root))
+    fx = Fixture(build, tmp, c.title)
+    start = time.monotonic()
+    try:
+        c.fn(fx)
+        ok, why = True, ""
+    except AssertionError as e:
+        ok, why = False, str(e) or traceback.format_exc()
+    except Exception:  # a broken test is a failed test
+        ok, why = False, traceback.format_exc()
+    return c, ok, time.monotonic() - start, why, fx.figures
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=str(HERE.parent / "build"))
+    ap.add_argument("-k", default="", help="run only cases whose title contains this")
+    ap.add_argument("-j", type=int, default=0, help="parallel cases (default: all slow ones at once + 3)")
+    args = ap.parse_args()
+    build = Path(args.build).resolve()
+    os.environ.setdefault("VCTEST_PYTHON", sys.executable)
+    cases = [c for c in CASES if args.k in c.title]
+    cases.sort(key=lambda c: not c.slow)  # start the long ones first
+    workers = args.j or (sum(c.slow for c in cases) + 3)
+    # Short paths: unix socket names are limited to 108 bytes.
+    root = Path(tempfile.mkdtemp(prefix="vcuda-test-", dir="/tmp"))
+    passed = failed = 0
+    figures: list[str] = []
+    t0 = time.monotonic()
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            futures = [pool.submit(run_case, c, build, root, i) for i, c in enumerate(cases)]
+            for f in futures:
+                c, ok, secs, why, figs = f.result()
+                figures += figs
+                if ok:
+                    passed += 1
+                    print(f"PASS {c.title} ({secs:.1f}s)", flush=True)
+                else:
+                    failed += 1
+                    print(f"FAIL {c.title} ({secs:.1f}s)\n    " + why.replace("\n", "\n    "), flush=True)
+    finally:
+        if failed == 0:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"(test directories kept in {root})")
+    if figures:
+        print("\nMeasured figures (fake card, utilisation from its timeline):")
+        for fig in figures:
+            print("  " + fig)
+    print(f"\n(total {time.monotonic() - t0:.1f}s)")
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
