@@ -74,6 +74,13 @@ class Agent:
             loop.call_soon_threadsafe(self._poke.set)
 
         self.pods.start(on_change=poke)
+        # /healthz answers from here on (the chart's liveness probe), /readyz once the plugins are registered
+        metrics = AgentMetrics()
+        self.metrics = metrics
+        reader = UsageReader(state, self.backend, self.pods.get, CgroupReader(cfg.cgroup_root))
+        self.http = await start_http(build_app(metrics, reader, ready=lambda: self.ready),
+                                     *parse_addr(cfg.metrics_addr))
+        log.info("metrics on %s/metric (also /graph, /usage, /healthz, /readyz)", self.http.url)
         synced = await self.pods.wait_synced(POD_SYNC_TIMEOUT_S)
         if not synced:
             log.error("pods on node %s not listed within %.0fs; carrying on, freeing nothing until they are",
@@ -85,13 +92,6 @@ class Agent:
                                             vdriver.driver_dir(shim_dir))
         log.info("driver libraries: %d NVIDIA entries from %s staged in %s", staged, cfg.driver_root,
                  vdriver.driver_dir(shim_dir))
-        metrics = AgentMetrics()
-        self.metrics = metrics
-        reader = UsageReader(state, self.backend, self.pods.get, CgroupReader(cfg.cgroup_root))
-        self.http = await start_http(build_app(metrics, reader, ready=lambda: self.ready),
-                                     *parse_addr(cfg.metrics_addr))
-        log.info("metrics on %s/metric (also /graph, /usage, /healthz, /readyz)", self.http.url)
-
         layout = VDeviceLayout(cfg.vdevice_root)
         vdevices = VDeviceManager(layout, cfg.proc_root, on_register=metrics.vdevice_registration)
         self.service = AllocationService(

@@ -55,6 +55,7 @@ class SimNode:
         agent_options.setdefault("shim_dir", str(self.workdir / "vdriver"))
         agent_options.setdefault("metrics_addr", "127.0.0.1:0")
         agent_options.setdefault("driver_root", str(self.workdir / "driver-root"))
+        Path(agent_options["driver_root"]).mkdir(parents=True, exist_ok=True)
         agent_options.setdefault("shim_source", str(shim_source_for(self.workdir)))
         self.config = AgentConfig(
             node_name=node_name, kubeconfig=str(self.kubeconfig), device_plugin_dir=self.workdir / "dp",

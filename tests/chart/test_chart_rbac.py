@@ -37,9 +37,7 @@ EXTENDER = expand(
     {
         "pods": "get list watch patch",
         "pods/binding": "create",
-        "bindings": "create",
         "nodes": "get list watch",
-        "events": "create patch",
     }
 )
 
