@@ -81,3 +81,15 @@ async def test_pods_deleted_while_the_agent_was_down_are_freed_and_lost_ones_res
         CheckpointStore(node.config.checkpoint_dir).prev.unlink(missing_ok=True)
         await node.start_agent()
         assert set(holdings(node)) == {"stays"}
+
+
+async def test_a_deleted_plugin_socket_is_served_and_registered_again():
+    async with sim_node("gtx1080ti") as node:
+        await node.run_pod("a", [("main", 100, 0)])
+        count = node.kubelet.registration_count(CORE)
+        (node.config.device_plugin_dir / "vcore.sock").unlink()
+        await node.kubelet.wait_registered(CORE, timeout=10, count=count + 1)
+        await node.wait_plugins()
+        assert (node.config.device_plugin_dir / "vcore.sock").exists()
+        assert set(holdings(node)) == {"a"}
+        await node.run_pod("b", [("main", 100, 0)])
