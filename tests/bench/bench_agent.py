@@ -4,18 +4,13 @@ registered, and the agent's RSS after 500 allocations. The agent runs as its own
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
 from gpumgr import podspec
-from gpumgr.sim.kubeapi import KubeApiServer
-from gpumgr.sim.kubelet import ContainerRequest, KubeletEmulator
+from gpumgr.sim.kubelet import ContainerRequest
 from tests.bench.stats import summary_ms
-from tests.e2e.agent_process import AgentProcess, write_spec
-from tests.helpers import topo_path
+from tests.e2e.agent_process import process_node
 
 CORE, MEM = podspec.RESOURCE_CORE, podspec.RESOURCE_MEMORY
 NODE = "bench-node"
@@ -47,16 +42,8 @@ def time_rpcs(into: dict[str, list[float]]) -> None:
 
 
 async def run() -> None:
-    workdir = Path(tempfile.mkdtemp(prefix="gb", dir="/tmp"))
-    spec = write_spec(workdir / "node.yaml", topo_path("dgx-a100"), 40960)
-    api = KubeApiServer()
-    await api.start()
-    api.write_kubeconfig(workdir / "kubeconfig")
-    api.store.create_node({"metadata": {"name": NODE}})
-    kubelet = KubeletEmulator(workdir / "dp")
-    await kubelet.start()
-    agent = AgentProcess(workdir, NODE, spec, "--log-level", "warning")
-    try:
+    async with process_node(NODE, "dgx-a100", 40960, "--log-level", "warning") as n:
+        api, kubelet, agent = n.api, n.kubelet, n.agent
         t0 = time.perf_counter()
         agent.start()
         for res in (CORE, MEM):
@@ -67,14 +54,10 @@ async def run() -> None:
         assert agent.proc is not None
         base_rss = rss_mib(agent.proc.pid)
 
-        async def admit(name: str, cores: int = 1, mem: int = 1) -> float:
-            limits = {CORE: str(cores), MEM: str(mem)}
-            pod = api.store.create_pod({
-                "metadata": {"name": name, "namespace": "default", "uid": str(uuid.uuid4())},
-                "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x",
-                                                            "resources": {"limits": limits}}]}})
+        async def admit(name: str) -> float:
+            pod = n.bound_pod(name, 1, 1)
             t = time.perf_counter()
-            await kubelet.admit_pod(pod["metadata"]["uid"], [ContainerRequest("main", {CORE: cores, MEM: mem})])
+            await kubelet.admit_pod(pod["metadata"]["uid"], [ContainerRequest("main", {CORE: 1, MEM: 1})])
             took = time.perf_counter() - t
             api.store.set_pod_phase("default", name, "Running")
             return took
@@ -98,11 +81,7 @@ async def run() -> None:
             await admit(f"more-{i}")
         await asyncio.sleep(1)
         print(f"  agent RSS: {base_rss:.1f} MiB at start, {rss_mib(agent.proc.pid):.1f} MiB with 500 allocations")
-    finally:
         agent.stop()
-        await kubelet.stop()
-        await api.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main() -> None:

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from gpumgr import podspec
+from gpumgr.sim.kubeapi import KubeApiServer
+from gpumgr.sim.kubelet import KubeletEmulator
 from gpumgr.sim.node import shim_source_for
+from tests.helpers import topo_path
 
 
 def write_spec(path: Path, topo_file: Path, memory_mib: int) -> Path:
@@ -57,3 +68,43 @@ class AgentProcess:
     def logs(self) -> str:
         return "\n".join((self.workdir / f"agent-{g}.log").read_text(errors="replace")
                          for g in range(1, self.generation + 1))
+
+
+@dataclass
+class ProcessNode:
+    """A node whose agent is its own process: API test server and kubelet emulator here, `gpumgr run` there."""
+
+    workdir: Path
+    name: str
+    spec: Path
+    api: KubeApiServer
+    kubelet: KubeletEmulator
+    agent: AgentProcess
+
+    def bound_pod(self, name: str, cores: int, memory_units: int) -> dict[str, Any]:
+        limits = {podspec.RESOURCE_CORE: str(cores), podspec.RESOURCE_MEMORY: str(memory_units)}
+        return self.api.store.create_pod({
+            "metadata": {"name": name, "namespace": "default", "uid": str(uuid.uuid4())},
+            "spec": {"nodeName": self.name, "containers": [
+                {"name": "main", "image": "x", "resources": {"limits": limits, "requests": limits}}]},
+        })
+
+
+@contextlib.asynccontextmanager
+async def process_node(name: str, topo: str, memory_mib: int, *agent_args: str) -> AsyncIterator[ProcessNode]:
+    workdir = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
+    spec = write_spec(workdir / "node.yaml", topo_path(topo), memory_mib)
+    api = KubeApiServer()
+    await api.start()
+    api.write_kubeconfig(workdir / "kubeconfig")
+    api.store.create_node({"metadata": {"name": name}})
+    kubelet = KubeletEmulator(workdir / "dp")
+    await kubelet.start()
+    agent = AgentProcess(workdir, name, spec, *agent_args)
+    try:
+        yield ProcessNode(workdir, name, spec, api, kubelet, agent)
+    finally:
+        agent.kill9()
+        await kubelet.stop()
+        await api.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

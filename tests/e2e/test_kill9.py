@@ -4,10 +4,6 @@ none leaked, every admitted pod still holds its cards."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
-import uuid
-from pathlib import Path
 
 from gpumgr import podspec
 from gpumgr.checkpoint import CheckpointStore
@@ -16,23 +12,13 @@ from gpumgr.devices.spec import load_node_spec
 from gpumgr.sim.kubeapi import KubeApiServer
 from gpumgr.sim.kubelet import AdmissionError, ContainerRequest, KubeletEmulator
 from gpumgr.vdevice.layout import allocation_key
-from tests.e2e.agent_process import AgentProcess, write_spec
-from tests.helpers import topo_path
+from tests.e2e.agent_process import process_node
 
 CORE, MEM = podspec.RESOURCE_CORE, podspec.RESOURCE_MEMORY
-NODE = "burst-node"
-
-
-def new_pod(api: KubeApiServer, name: str) -> dict:
-    limits = {CORE: "4", MEM: "1"}
-    return api.store.create_pod({
-        "metadata": {"name": name, "namespace": "default", "uid": str(uuid.uuid4())},
-        "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x",
-                                                    "resources": {"limits": limits, "requests": limits}}]},
-    })
 
 
 async def admit(kubelet: KubeletEmulator, api: KubeApiServer, pod: dict) -> bool:
+    """As the kubelet would: run the pod, or mark it Failed (UnexpectedAdmissionError) when admission fails."""
     try:
         await kubelet.admit_pod(pod["metadata"]["uid"], [ContainerRequest("main", {CORE: 4, MEM: 1})])
     except AdmissionError:
@@ -50,24 +36,16 @@ async def wait_ready(kubelet: KubeletEmulator, count: int) -> None:
 
 
 async def test_kill9_mid_burst_then_restart_loses_and_doubles_nothing():
-    workdir = Path(tempfile.mkdtemp(prefix="gk", dir="/tmp"))
-    spec = write_spec(workdir / "node.yaml", topo_path("dgx-a100"), 16384)
-    inv = load_node_spec(spec)
-    api = KubeApiServer()
-    await api.start()
-    api.write_kubeconfig(workdir / "kubeconfig")
-    api.store.create_node({"metadata": {"name": NODE}})
-    kubelet = KubeletEmulator(workdir / "dp")
-    await kubelet.start()
-    agent = AgentProcess(workdir, NODE, spec, "--check-period", "1", "--unrecorded-grace", "2")
-    try:
+    async with process_node("burst-node", "dgx-a100", 16384, "--check-period", "1", "--unrecorded-grace", "2") as n:
+        api, kubelet, agent = n.api, n.kubelet, n.agent
+        inv = load_node_spec(n.spec)
         agent.start()
         await wait_ready(kubelet, 1)
         admitted: list[dict] = []
         failed = 0
         loop = asyncio.get_running_loop()
         for i in range(200):
-            pod = new_pod(api, f"p{i}")
+            pod = n.bound_pod(f"p{i}", 4, 1)
             if i == 70:  # kill while this admission is in flight
                 loop.call_later(0.003, agent.kill9)
             if await admit(kubelet, api, pod):
@@ -80,14 +58,14 @@ async def test_kill9_mid_burst_then_restart_loses_and_doubles_nothing():
                     await wait_ready(kubelet, 2)
         # replace the pods whose admission failed while the agent was down
         for i in range(200 - len(admitted)):
-            pod = new_pod(api, f"r{i}")
+            pod = n.bound_pod(f"r{i}", 4, 1)
             assert await admit(kubelet, api, pod), agent.logs()[-3000:]
             admitted.append(pod)
         assert failed >= 1 and len(admitted) == 200
 
         await asyncio.sleep(4)  # grace (2 s) + a reconcile (1 s): unrecorded allocations are freed
         agent.stop()
-        ledger = CheckpointStore(workdir / "ckpt").load().snapshot.ledger
+        ledger = CheckpointStore(n.workdir / "ckpt").load().snapshot.ledger
 
         want: dict[str, tuple[int, ...]] = {}
         for pod in admitted:
@@ -101,8 +79,3 @@ async def test_kill9_mid_burst_then_restart_loses_and_doubles_nothing():
             held = [a for a in ledger.allocations.values() if c.index in a.cards]
             assert sum(a.cores for a in held) == 100 - c.free_cores <= 100
         assert sum(100 - c.free_cores for c in ledger.cards) == 4 * 200
-    finally:
-        agent.kill9()
-        await kubelet.stop()
-        await api.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
