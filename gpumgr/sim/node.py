@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from gpumgr import podspec
 from gpumgr.agent.config import AgentConfig
@@ -43,14 +43,15 @@ def shim_source_for(workdir: Path) -> Path:
 
 class SimNode:
     def __init__(self, workdir: Path, inventory: Inventory, node_name: str = "sim-node",
-                 api: KubeApiServer | None = None, **agent_options: Any):
+                 api: KubeApiServer | None = None, kubelet_checkpoint_format: Literal["v1", "v2"] = "v2",
+                 **agent_options: Any):
         self.workdir = Path(workdir)
         self.inventory = inventory
         self.node_name = node_name
         self.backend = SimulatedBackend(inventory)
         self._own_api = api is None
         self.api = api or KubeApiServer()
-        self.kubelet = KubeletEmulator(self.workdir / "dp")
+        self.kubelet = KubeletEmulator(self.workdir / "dp", kubelet_checkpoint_format)
         self.kubeconfig = self.workdir / "kubeconfig"
         agent_options.setdefault("shim_dir", str(self.workdir / "vdriver"))
         agent_options.setdefault("metrics_addr", "127.0.0.1:0")

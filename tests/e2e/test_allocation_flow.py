@@ -86,10 +86,11 @@ async def test_multi_container_pod_with_an_init_container():
         assert "tencent.com/predicate-gpu-idx-1" not in ann
 
 
-async def test_two_identical_pending_pods_never_swap_limits(caplog):
+@pytest.mark.parametrize("kubelet_format", ["v2", "v1"])  # NUMA-keyed (>= 1.20) and the flat pre-1.20 checkpoint
+async def test_two_identical_pending_pods_never_swap_limits(caplog, kubelet_format):
     """Both pods are pending when the kubelet admits the first, so Allocate may guess the wrong one; the
     limits written at PreStartContainer must still be each pod's own."""
-    async with sim_node("dgx-a100") as node:
+    async with sim_node("dgx-a100", kubelet_checkpoint_format=kubelet_format) as node:
         p1 = node.create_pod("twin-1", [("main", 50, 8)], annotations={podspec.ANN_CORE_LIMIT: "80"})
         p2 = node.create_pod("twin-2", [("main", 50, 12)])
         # admit in the opposite order of their creation, so the oldest-first guess is wrong for both
