@@ -183,7 +183,7 @@ class Demo:
         except Exception as e:  # noqa: BLE001
             self.say(f"(could not read {url}: {e})")
             return
-        wanted = ("container_request_gpu_utilization", "container_request_gpu_memory", "gpumgr_card_allocated_cores")
+        wanted = ("container_request_gpu_utilization", "container_request_gpu_memory", "gpumgr_gpu_allocated_cores")
         lines = [ln for ln in text.splitlines() if ln.startswith(wanted)]
         for ln in lines[:12]:
             self.say("  " + ln)

@@ -33,6 +33,9 @@ _SUFFIX: dict[str, int | Fraction] = {
 }
 
 
+MAX_QUANTITY = 2**63 - 1
+
+
 def quantity(value: Any) -> int:
     """Extended resources are whole numbers. Accept ints and Kubernetes quantity strings ("30", "1k" as
     kube-scheduler canonicalises 1000, "2e3", "1000m"), refusing anything that is not a whole number."""
@@ -41,17 +44,26 @@ def quantity(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError(f"not a quantity: {value!r}")
     if isinstance(value, int):
+        if not 0 <= value <= MAX_QUANTITY:
+            raise ValueError(f"quantity out of range: {value!r}")
         return value
     m = _QUANTITY.match(str(value).strip())
     if not m:
         raise ValueError(f"not a quantity: {value!r}")
+    if len(m.group(2)) > 30:
+        raise ValueError(f"quantity out of range: {value!r}")
     number = Fraction(m.group(2))
     if m.group(3):
-        number *= Fraction(10) ** int(m.group(3)[1:])
+        exponent = int(m.group(3)[1:])
+        if abs(exponent) > 30:  # never do huge big-number arithmetic for hostile input
+            raise ValueError(f"quantity out of range: {value!r}")
+        number *= Fraction(10) ** exponent
     else:
         number *= _SUFFIX[m.group(4) or ""]
     if number.denominator != 1:
         raise ValueError(f"not a whole-number quantity: {value!r}")
+    if number > MAX_QUANTITY:
+        raise ValueError(f"quantity out of range: {value!r}")
     return int(number)
 
 

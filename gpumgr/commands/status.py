@@ -53,6 +53,7 @@ def agent_url(addr: str) -> str:
 
 
 def fetch_json(url: str, timeout: float) -> dict[str, Any]:
+    import http.client
     import urllib.error
     import urllib.request
 
@@ -61,6 +62,8 @@ def fetch_json(url: str, timeout: float) -> dict[str, Any]:
             body = resp.read()
     except urllib.error.HTTPError as e:
         raise AgentUnreachable(f"{url} answered HTTP {e.code} {e.reason}") from None
+    except (http.client.HTTPException, ValueError) as e:  # a bad address, or a peer that does not speak HTTP
+        raise AgentUnreachable(f"cannot talk HTTP to {url}: {type(e).__name__}: {e}") from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise AgentUnreachable(

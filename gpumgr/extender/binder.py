@@ -165,6 +165,8 @@ class Binder:
         for _ in range(2):
             if podspec.pod_annotations(pod).get(podspec.ANN_PREDICATE_TIME) != ptime:
                 return
+            if (pod.get("spec") or {}).get("nodeName"):
+                return  # bound after all (a lost answer): its annotations record what it holds; keep them
             rv = (pod.get("metadata") or {}).get("resourceVersion")
             patch = {"metadata": {"resourceVersion": rv, "annotations": dict.fromkeys(keys)}}
             try:

@@ -128,8 +128,11 @@ class ClusterView:
         if assumed is not None and (finished or (claim is not None and claim.predicate_time == assumed.time)):
             del self._assumed[uid]
         void = self._void.get(uid)
-        if void is not None and (claim is None or claim.predicate_time != void):
-            del self._void[uid]  # the failed bind's annotations are gone (or replaced)
+        bound = bool((pod.get("spec") or {}).get("nodeName"))
+        if void is not None and (bound or claim is None or claim.predicate_time != void):
+            # the failed bind's annotations are gone (or replaced) - or the Binding was made after all (its answer
+            # was lost): a bound pod's claim always counts
+            del self._void[uid]
         self._reconcile(uid)
 
     def remove_pod(self, pod: Mapping[str, Any]) -> None:

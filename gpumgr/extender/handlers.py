@@ -43,6 +43,9 @@ def build_app(view: ClusterView, binder: Binder, policy: str, prefix: str, max_b
     return app
 
 
+SYNCING = "the gpumgr extender is still listing nodes and pods; try again shortly"
+
+
 class Routes:
     def __init__(self, view: ClusterView, binder: Binder, policy: str):
         self.view = view
@@ -55,6 +58,8 @@ class Routes:
         names = args.node_names
         if not ask.wants_gpu:
             return reply(filter_reply(args, list(names), {}, {}))
+        if not self.view.ready:  # until the first lists are in, every node would look empty
+            return reply(filter_reply(args, [], dict.fromkeys(names, SYNCING), {}))
         passed: list[str] = []
         failed: dict[str, str] = {}
         never: dict[str, str] = {}
@@ -79,6 +84,8 @@ class Routes:
 
     async def bind(self, request: web.Request) -> web.StreamResponse:
         args = parse_binding_args(decode_json(await request.read()))
+        if not self.view.ready:
+            return reply(binding_reply(SYNCING))
         return reply(binding_reply(await self.binder.bind(args)))
 
     async def healthz(self, _request: web.Request) -> web.StreamResponse:

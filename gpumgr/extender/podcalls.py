@@ -10,14 +10,18 @@ HTTP proxies are not supported.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
+import time
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 
 from gpumgr.extender.kubeaccess import CALL_TIMEOUT, CONNECT_TIMEOUT, MERGE_PATCH, ApiCallError
+
+AUTH_TTL_S = 30.0
 
 
 class PodCalls:
@@ -30,6 +34,7 @@ class PodCalls:
             if getattr(configuration, "tls_server_name", None):
                 self._tls["server_hostname"] = configuration.tls_server_name
         self._session: aiohttp.ClientSession | None = None
+        self._auth_cache: tuple[float, dict[str, str]] | None = None
 
     async def close(self) -> None:
         session, self._session = self._session, None
@@ -57,7 +62,7 @@ class PodCalls:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT, sock_connect=CONNECT_TIMEOUT),
                 headers={"Accept": "application/json", "User-Agent": "gpumgr-extender"})
-        headers = self._auth()
+        headers = await self._headers()
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
@@ -81,6 +86,15 @@ class PodCalls:
         if not isinstance(doc, dict):
             raise ApiCallError(0, "the API answered with something that is not a JSON object")
         return doc
+
+    async def _headers(self) -> dict[str, str]:
+        """The auth headers, computed off the event loop (a kubeconfig exec plugin may run a subprocess to
+        refresh a token) and reused for AUTH_TTL_S."""
+        now = time.monotonic()
+        if self._auth_cache is None or now - self._auth_cache[0] > AUTH_TTL_S:
+            headers = await asyncio.get_running_loop().run_in_executor(None, self._auth)
+            self._auth_cache = (now, headers)
+        return dict(self._auth_cache[1])
 
     def _auth(self) -> dict[str, str]:
         """Headers the `kubernetes` client would send (a bearer token, refreshed by the client's hook)."""

@@ -41,7 +41,8 @@ class UsageReader:
         ledger = state.ledger
         inv = state.inventory
         statuses = {c.index: self._status(c.index) for c in ledger.cards}
-        per_card_procs = {i: _processes(s) for i, (s, _) in statuses.items() if s is not None}
+        # a card that fell off the bus reports no processes: no usage figure for it, rather than a false zero
+        per_card_procs = {i: _processes(s) for i, (s, _) in statuses.items() if s is not None and not s.lost}
         pods: dict[str, Mapping[str, Any] | None] = {}
         holders = [
             self._holder(a, ledger.cards, per_card_procs, pods)

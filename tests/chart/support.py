@@ -34,7 +34,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "extender": {"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}},
     },
     "cdi": {"agent": {"cdi": True}},
-    "spread": {"extender": {"policy": "spread", "replicas": 3}},
+    "spread": {"extender": {"policy": "spread"}},
     "operator-extras": {
         "image": {"tag": "0.2.0-rc1", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "regcred"}],

@@ -26,7 +26,7 @@ def test_default_extender() -> None:
 
 def test_spread_policy_and_replicas() -> None:
     deployment = render(VARIANTS["spread"]).get("Deployment", EXTENDER)
-    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["replicas"] == 1
     assert flags(container(deployment, "extender")["args"])["policy"] == "spread"
 
 

@@ -236,3 +236,15 @@ async def test_metrics_alias_content_type_and_independent_registries(tmp_path):
         b = await scrape(s2)
     assert value(a, "gpumgr_vdevice_registrations_total") == 1
     assert value(b, "gpumgr_vdevice_registrations_total") == 0
+
+
+async def test_a_card_that_fell_off_the_bus_gives_no_usage_figure_rather_than_a_false_one(node):
+    await node.place("train", "main", (0,), cores=30, memory_mib=4096, pids=[101])
+    node.sim.set_process(0, 101, used_memory_bytes=GIB, sm_util=40)
+    node.sim.fall_off_bus(0)
+    async with serving(node) as server:
+        s = await scrape(server)
+    a = who("train", "main")
+    assert absent(s, "container_gpu_utilization", **a, gpu="gpu0")
+    assert absent(s, "container_gpu_memory_total", **a, gpu_memory="gpu0")
+    assert value(s, "container_request_gpu_utilization", **a, req_of_gpu="total") == pytest.approx(0.3)

@@ -94,3 +94,18 @@ async def test_status_when_something_else_answers():
 async def test_status_bad_address():
     code, _, err = await gpumgr("status", "--addr", "ftp://somewhere")
     assert code == 2 and "expected http://host:port" in err and "Traceback" not in err
+
+
+async def test_status_against_a_peer_that_does_not_speak_http():
+    async def silent_garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(silent_garbage, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        code, _, err = await gpumgr("status", "--addr", f"127.0.0.1:{port}", "--timeout", "5")
+    finally:
+        server.close()
+    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
