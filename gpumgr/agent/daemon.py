@@ -228,5 +228,7 @@ class Agent:
             await self.service.vdevices.stop_all()
         if self.http is not None:
             await self.http.close()
+        if self.state is not None:
+            self.state.close()
         if self.pods:
             self.pods.stop()

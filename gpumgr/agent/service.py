@@ -69,6 +69,7 @@ class AllocationService:
         self._core_ids = {g.index: devids.core_ids(g) for g in inv.gpus}
         self._mem_ids = {g.index: devids.memory_ids(g, state.memory_unit_mib) for g in inv.gpus}
         self._annotate_tasks: set[asyncio.Task[None]] = set()
+        self._api_slots = asyncio.Semaphore(4)  # background API calls at once (they run in threads)
         self._index_of = {g.uuid: g.index for g in inv.gpus}
         self._kubelet_cache: tuple[tuple[int, int, int], KubeletCheckpoint] | None = None
 
@@ -143,22 +144,24 @@ class AllocationService:
         return None
 
     # -- Allocate -------------------------------------------------------------------------------------------
-    async def allocate_core(self, device_ids: list[str]) -> pb.ContainerAllocateResponse:
+    async def allocate_core(self, device_ids: list[str]) -> tuple[pb.ContainerAllocateResponse, bool]:
+        """The container's answer, and whether this call created the allocation (False: the kubelet asked again
+        for IDs already held, and got the same answer)."""
         t0 = time.perf_counter()
         try:
-            resp = await self._allocate_core(device_ids)
+            resp, created = await self._allocate_core(device_ids)
         except PluginError as e:
             self._observe(t0, False, e.reason)
             raise
         self._observe(t0, True)
-        return resp
+        return resp, created
 
-    async def _allocate_core(self, device_ids: list[str]) -> pb.ContainerAllocateResponse:
+    async def _allocate_core(self, device_ids: list[str]) -> tuple[pb.ContainerAllocateResponse, bool]:
         cards, cores = self._check_core_ids(device_ids)
         key = allocation_key(device_ids)
         existing = self.state.ledger.held_by(key)
         if existing is not None:  # the kubelet asking again for the same IDs: same answer
-            return self._response(existing)
+            return self._response(existing), False
         shim = vdriver.shim_path(Path(self.config.response.shim_dir))
         if cores < 100 and self.config.require_shim and not shim.is_file():
             raise PluginError.precondition(f"the vCUDA shim is not installed at {shim}: a fractional container "
@@ -172,16 +175,17 @@ class AllocationService:
                 f"no pending pod on node {self.state.node_name} asks vcuda-core={cores}; cannot tell how much memory "
                 "to give (is the pod bound to this node and visible to the agent?)", "no_pod")
         try:
+            await self.state.run_io(self.layout.prepare, key)  # the mount must exist before anyone is answered
             await self.state.commit(lambda ledger: ledger.assign(alloc))
         except LedgerError as e:
             raise PluginError.exhausted(f"cannot allocate cards {list(cards)}: {e}") from None
         except OSError as e:
-            raise PluginError.precondition(f"checkpoint write failed, nothing allocated: {e}", "checkpoint") from None
-        self.layout.prepare(key)
+            raise PluginError.precondition(f"cannot record the allocation, nothing allocated: {e}", "checkpoint") \
+                from None
         log.info("allocate: cards %s cores %d memory %d MiB key %s for %s/%s container %s (guess)", list(cards),
                  cores, alloc.memory_mib, key, alloc.meta.get("namespace", "?"), alloc.meta.get("pod", "?"),
                  alloc.meta.get("container", "?"))
-        return self._response(alloc)
+        return self._response(alloc), True
 
     def allocate_memory(self, device_ids: list[str]) -> pb.ContainerAllocateResponse:
         try:
@@ -370,7 +374,8 @@ class AllocationService:
 
     async def _warn(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
         if self.annotator is not None:
-            await self.annotator.record_event(pod, reason, message)
+            async with self._api_slots:
+                await self.annotator.record_event(pod, reason, message)
 
     async def _annotate(self, uid: str) -> None:
         pod = self.pods.get(uid)
@@ -390,7 +395,8 @@ class AllocationService:
         meta = pod["metadata"]
         for attempt in range(5):
             try:
-                await self.annotator.patch_pod_annotations(meta.get("namespace", "default"), meta["name"], ann)
+                async with self._api_slots:
+                    await self.annotator.patch_pod_annotations(meta.get("namespace", "default"), meta["name"], ann)
                 return
             except Exception as e:  # noqa: BLE001 - retried, then logged
                 log.warning("annotating pod %s/%s failed (attempt %d): %s", meta.get("namespace"), meta.get("name"),

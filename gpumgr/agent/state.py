@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from gpumgr.allocator import Ledger
@@ -35,6 +36,7 @@ class NodeState:
         self.health_reasons: dict[int, set[str]] = {g.index: set() for g in inventory.gpus}
         self.version = 0  # bumps on every change of allocation or health
         self._changed = asyncio.Condition()
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")  # never queued behind API calls
         self.checkpoint_writes = 0
         self.checkpoint_failures = 0
         self.last_checkpoint_s = 0.0
@@ -42,7 +44,11 @@ class NodeState:
     # -- allocation -----------------------------------------------------------------------------------------
     async def commit(self, change: Callable[[Ledger], T]) -> T:
         """Apply `change` to a copy, checkpoint it, then make it live. Raises whatever `change` or the write
-        raises, with nothing changed."""
+        raises, with nothing changed. Runs to the end even if the caller is cancelled (a kubelet that gave up on
+        an RPC): a written checkpoint always becomes the live ledger, and writes never overlap."""
+        return await asyncio.shield(asyncio.ensure_future(self._commit(change)))
+
+    async def _commit(self, change: Callable[[Ledger], T]) -> T:
         async with self.lock:
             trial = self.ledger.copy()
             result = change(trial)
@@ -57,13 +63,21 @@ class NodeState:
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         try:
-            await loop.run_in_executor(None, self.store.save, ledger, self.node_name)
+            await loop.run_in_executor(self._io, self.store.save, ledger, self.node_name)
         except OSError as e:
             self.checkpoint_failures += 1
             log.error("checkpoint write to %s failed: %s", self.store.path, e)
             raise
         self.checkpoint_writes += 1
         self.last_checkpoint_s = time.perf_counter() - t0
+
+    def run_io(self, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
+        """Run blocking file I/O of the agent's own (limits files, the kubelet checkpoint) off the event loop,
+        on the checkpoint thread rather than the default pool that API calls may fill."""
+        return asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+
+    def close(self) -> None:
+        self._io.shutdown(wait=True)
 
     # -- health ---------------------------------------------------------------------------------------------
     def healthy(self, index: int) -> bool:

@@ -102,8 +102,8 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
 
 async def _main(cfg: AgentConfig) -> int:
     from gpumgr.agent.daemon import Agent
-    from gpumgr.checkpoint import CheckpointError
     from gpumgr.devices.backend import Backend
+    from gpumgr.devices.types import DiscoveryError
     from gpumgr.kube.client import KubeClient
 
     backend: Backend
@@ -128,8 +128,11 @@ async def _main(cfg: AgentConfig) -> int:
     try:
         try:
             await agent.start()
-        except (OSError, CheckpointError, ValueError) as e:
-            log.error("the agent could not start: %s", e)
+        except DiscoveryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one clear line, never a traceback
+            log.error("the agent could not start: %s: %s", type(e).__name__, e)
+            log.debug("start failure", exc_info=True)
             return 1
         log.info("agent started on node %s; plugins registering with the kubelet", cfg.node_name)
         await stop.wait()

@@ -61,8 +61,10 @@ class PluginServicer(pb_grpc.DevicePluginServicer):
             for creq in request.container_requests:
                 ids = list(creq.devices_ids)
                 if self.kind == "c":
-                    out.container_responses.append(await self.service.allocate_core(ids))
-                    done.append(ids)
+                    resp, created = await self.service.allocate_core(ids)
+                    out.container_responses.append(resp)
+                    if created:
+                        done.append(ids)
                 else:
                     out.container_responses.append(self.service.allocate_memory(ids))
         except PluginError as e:

@@ -102,6 +102,8 @@ class PluginSupervisor:
             except grpc.aio.AioRpcError as e:
                 log.warning("registering %s with the kubelet failed (%s: %s); retrying in %.2fs", spec.resource,
                             e.code().name, e.details(), delay)
+            except Exception as e:  # noqa: BLE001 - keep trying: the agent must never stop registering
+                log.warning("registering %s with the kubelet failed (%s); retrying in %.2fs", spec.resource, e, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
 
@@ -116,23 +118,33 @@ class PluginSupervisor:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(POLL_S)
-            kubelet = self._stat_kubelet()
-            missing = [p.socket for p in self.plugins if not (self.plugin_dir / p.socket).exists()]
-            recreated = kubelet is not None and kubelet != self._kubelet_id
-            if not recreated and not missing:
-                continue
-            log.warning("kubelet restart seen (%s): serving and registering again",
-                        "kubelet.sock re-created" if recreated else f"plugin sockets removed: {missing}")
-            self._kubelet_id = kubelet
-            for r in self.registered:
-                self.registered[r] = False
-            if self._register_task:
-                self._register_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await self._register_task
-            await self._stop_servers()
-            await self._serve_all()
-            self._register_task = asyncio.create_task(self._register_all())
+            try:
+                await self._check_once()
+            except Exception:  # noqa: BLE001 - one failed round (a directory being re-created) must not end the watch
+                log.exception("serving the plugins again failed; retrying")
+                self._kubelet_id = None  # force another attempt on the next round
+                await asyncio.sleep(0.5)
+
+    async def _check_once(self) -> None:
+        kubelet = self._stat_kubelet()
+        missing = [p.socket for p in self.plugins if not (self.plugin_dir / p.socket).exists()]
+        recreated = kubelet is not None and kubelet != self._kubelet_id
+        serving = len(self._servers) == len(self.plugins)
+        if not recreated and not missing and serving:
+            return
+        log.warning("kubelet restart seen (%s): serving and registering again",
+                    "kubelet.sock re-created" if recreated else f"plugin sockets removed: {missing}")
+        self._kubelet_id = kubelet
+        for r in self.registered:
+            self.registered[r] = False
+        if self._register_task:
+            self._register_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._register_task
+        await self._stop_servers()
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        await self._serve_all()
+        self._register_task = asyncio.create_task(self._register_all())
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ log = logging.getLogger("gpumgr.kube")
 T = TypeVar("T")
 
 CONFLICT_RETRIES = 8
+TIMEOUT = (5, 30)  # (connect, read) seconds for every call: a black-holed API server must not hold a thread forever
 
 
 class KubeClient:
@@ -48,7 +49,7 @@ class KubeClient:
 
     # -- pods -----------------------------------------------------------------------------------------------
     def list_node_pods_sync(self, node: str) -> tuple[list[dict[str, Any]], str]:
-        res = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+        res = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}", _request_timeout=TIMEOUT)
         rv = res.metadata.resource_version if res.metadata else ""
         return [self.to_dict(p) for p in res.items], str(rv or "")
 
@@ -60,7 +61,8 @@ class KubeClient:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return self.to_dict(await self._run(self.core.read_namespaced_pod, name, namespace))
+            pod = await self._run(self.core.read_namespaced_pod, name, namespace, _request_timeout=TIMEOUT)
+            return self.to_dict(pod)
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -73,7 +75,7 @@ class KubeClient:
         for attempt in range(CONFLICT_RETRIES):
             body: dict[str, Any] = {"metadata": {"annotations": dict(annotations)}}
             try:
-                await self._run(self.core.patch_namespaced_pod, name, namespace, body)
+                await self._run(self.core.patch_namespaced_pod, name, namespace, body, _request_timeout=TIMEOUT)
                 return True
             except ApiException as e:
                 if e.status == 404:
@@ -96,7 +98,7 @@ class KubeClient:
             reason=reason, message=message, type=kind, source=client.V1EventSource(component="gpumgr-agent"),
         )
         try:
-            await self._run(self.core.create_namespaced_event, ns, ev)
+            await self._run(self.core.create_namespaced_event, ns, ev, _request_timeout=TIMEOUT)
         except Exception as e:  # noqa: BLE001 - events are best effort
             log.debug("could not record event %s on %s/%s: %s", reason, ns, meta.get("name"), e)
 
@@ -105,7 +107,7 @@ class KubeClient:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return self.to_dict(await self._run(self.core.read_node, name))
+            return self.to_dict(await self._run(self.core.read_node, name, _request_timeout=TIMEOUT))
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -119,4 +121,4 @@ class KubeClient:
         if annotations:
             meta["annotations"] = dict(annotations)
         if meta:
-            await self._run(self.core.patch_node, name, {"metadata": meta})
+            await self._run(self.core.patch_node, name, {"metadata": meta}, _request_timeout=TIMEOUT)

@@ -79,7 +79,7 @@ class PodCache:
                 w = watch.Watch()
                 for ev in w.stream(self.kube.core.list_pod_for_all_namespaces,
                                    field_selector=f"spec.nodeName={self.node}", resource_version=rv,
-                                   timeout_seconds=WATCH_TIMEOUT_S):
+                                   timeout_seconds=WATCH_TIMEOUT_S, _request_timeout=WATCH_TIMEOUT_S + 15):
                     if self._stop.is_set():
                         w.stop()
                         break

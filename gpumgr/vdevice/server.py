@@ -9,9 +9,11 @@ INVALID_ARGUMENT. All servers of a pod stop together when the pod is gone.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -27,7 +29,8 @@ log = logging.getLogger("gpumgr.vdevice")
 
 class _Servicer(pb_grpc.VDeviceServicer):
     def __init__(self, key: str, limits: Limits, bus_ids: frozenset[str], proc_root: Path,
-                 on_register: Callable[[str, Limits], None]):
+                 on_register: Callable[[str, Limits], None], io: Executor):
+        self.io = io
         self.key = key
         self.limits = limits
         self.bus_ids = bus_ids
@@ -55,7 +58,10 @@ class _Servicer(pb_grpc.VDeviceServicer):
         if foreign:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"bus ids {foreign} are not cards of container {lim.container_name}")
-        hpid = host_pid(self.proc_root, int(request.pid), lim.pod_uid) if request.pid > 0 else 0
+        hpid = 0
+        if request.pid > 0:  # a walk of /proc: off the event loop
+            hpid = await asyncio.get_running_loop().run_in_executor(self.io, host_pid, self.proc_root,
+                                                                     int(request.pid), lim.pod_uid)
         if hpid and request.container_id and not _in_container(self.proc_root, hpid, request.container_id):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"process {request.pid} is not in container {request.container_id}")
@@ -91,6 +97,8 @@ class VDeviceManager:
         self.proc_root = proc_root
         self.on_register = on_register
         self._servers: dict[str, tuple[grpc.aio.Server, Limits]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="vdevice")
         self.registrations = 0
 
     def _count(self, key: str, limits: Limits) -> None:
@@ -101,22 +109,30 @@ class VDeviceManager:
     def running(self) -> dict[str, Limits]:
         return {k: lim for k, (_, lim) in self._servers.items()}
 
+    def _lock(self, key: str) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
     async def start(self, key: str, limits: Limits, bus_ids: frozenset[str] = frozenset()) -> None:
         """Write the limits file and serve the socket (replacing a server with other limits). `bus_ids`: the
-        PCI bus ids of the container's cards (a Register naming others is refused)."""
+        PCI bus ids of the container's cards (a Register naming others is refused). One key at a time."""
+        async with self._lock(key):
+            await self._start(key, limits, bus_ids)
+
+    async def _start(self, key: str, limits: Limits, bus_ids: frozenset[str]) -> None:
         current = self._servers.get(key)
-        self.layout.write_limits(key, limits)
+        await asyncio.get_running_loop().run_in_executor(self._io, self.layout.write_limits, key, limits)
         if current and current[1] == limits:
             return
         if current:
-            await self.stop(key, remove_dir=False)
+            await self._stop(key, remove_dir=False)
         sock = self.layout.socket_for(key)
         if len(str(sock)) >= 108:
             raise ValueError(f"socket path {sock} is longer than a unix socket allows (107 bytes)")
         sock.unlink(missing_ok=True)
         server = grpc.aio.server()
         allowed = frozenset({b.upper() for b in bus_ids} | {_short(b) for b in bus_ids})
-        pb_grpc.add_VDeviceServicer_to_server(_Servicer(key, limits, allowed, self.proc_root, self._count), server)
+        pb_grpc.add_VDeviceServicer_to_server(
+            _Servicer(key, limits, allowed, self.proc_root, self._count, self._io), server)
         server.add_insecure_port(f"unix://{sock}")
         await server.start()
         os.chmod(sock, 0o666)
@@ -124,6 +140,12 @@ class VDeviceManager:
         log.info("vDevice server up for pod %s container %s at %s", limits.pod_uid, limits.container_name, sock)
 
     async def stop(self, key: str, remove_dir: bool = True) -> None:
+        async with self._lock(key):
+            await self._stop(key, remove_dir)
+        if key not in self._servers:
+            self._locks.pop(key, None)
+
+    async def _stop(self, key: str, remove_dir: bool) -> None:
         entry = self._servers.pop(key, None)
         if entry:
             await entry[0].stop(grace=0.2)
@@ -139,3 +161,4 @@ class VDeviceManager:
     async def stop_all(self) -> None:
         for k in list(self._servers):
             await self.stop(k, remove_dir=False)
+        self._io.shutdown(wait=False)
