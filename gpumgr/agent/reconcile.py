@@ -24,6 +24,8 @@ from gpumgr.vdevice.layout import allocation_key
 
 log = logging.getLogger("gpumgr.reconcile")
 
+ORPHAN_DIR_AGE_S = 60.0  # a vDevice directory with no allocation is removed once it is this old
+
 
 async def reconcile(service: AllocationService, pods_synced: bool, grace_s: float, why: str,
                     full: bool = True) -> Report:
@@ -51,19 +53,25 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
 
     now = time.time()
     release: list[str] = []
+    gone: list[tuple[str, str]] = []  # (key, owner uid) of allocations whose pod the cache no longer has
     for a in state.ledger.allocations.values():
         owner = owners.get(a.key)
         uid = owner[0] if owner else (a.meta.get("pod_uid") if a.meta.get("verified") == "true" else None)
         if uid:
             if pods_synced and uid not in pods:
-                release.append(a.key)
-                report.freed_gone += 1
+                gone.append((a.key, uid))
             elif uid in pods and uid not in live:
                 release.append(a.key)
                 report.freed_finished += 1
         elif kubelet_ok and now - float(a.meta.get("created", "0") or 0) > grace_s:
             release.append(a.key)  # never recorded by the kubelet: the admission failed or was never completed
             report.freed_unrecorded += 1
+    if gone:  # the cache can lag or be stale: free only what a fresh list confirms
+        still = await service.pods.live_uids()
+        if still is not None:
+            confirmed = [k for k, uid in gone if uid not in still]
+            release += confirmed
+            report.freed_gone += len(confirmed)
 
     restore: list[Allocation] = []
     for key, (uid, cname, ids) in owners.items():
@@ -119,9 +127,12 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
             service.schedule_annotations(uid)
     keep = set(state.ledger.allocations)
     for key in set(running) | set(service.layout.keys()):
-        if key not in keep:
-            await service.vdevices.stop(key)
-            report.vdevices_removed += 1
+        if key in keep:
+            continue
+        if key not in running and service.layout.age_s(key) < ORPHAN_DIR_AGE_S:
+            continue  # made by an Allocate that is still being recorded: not an orphan yet
+        await service.vdevices.stop(key)
+        report.vdevices_removed += 1
     if report.changed:
         log.info("reconcile (%s): %s", why, report.summary())
     return report

@@ -41,6 +41,7 @@ class PodSource(Protocol):
     def pods(self) -> list[dict[str, Any]]: ...
     def get(self, uid: str) -> dict[str, Any] | None: ...
     async def refresh(self) -> None: ...
+    async def live_uids(self) -> set[str] | None: ...
 
 
 class Annotator(Protocol):
@@ -85,7 +86,7 @@ class AllocationService:
         return out
 
     # -- GetPreferredAllocation -----------------------------------------------------------------------------
-    def preferred(self, kind: str, req: pb.ContainerPreferredAllocationRequest) -> list[str]:
+    async def preferred(self, kind: str, req: pb.ContainerPreferredAllocationRequest) -> list[str]:
         inv = self.state.inventory
         size = int(req.allocation_size)
         if size <= 0:
@@ -97,7 +98,11 @@ class AllocationService:
             devids.cards_of(inv, must, kind)
         except devids.BadDeviceID as e:
             raise PluginError.invalid(str(e)) from None
-        cards = self._planned_cards(kind, size)
+        cands = await self._visible_candidates(size) if kind == "c" else []
+        must_cards = sorted(devids.cards_of(inv, must, kind)) if must else []
+        cards = self._planned_cards(kind, size, cands)
+        if must_cards:  # devices reused from an init container: stay on their card(s) first
+            cards = tuple(must_cards) + tuple(c for c in (cards or ()) if c not in must_cards)
         chosen = list(must)
         taken = set(chosen)
         if cards is not None:
@@ -122,11 +127,9 @@ class AllocationService:
             out.setdefault(index, []).append(d)
         return out
 
-    def _planned_cards(self, kind: str, size: int) -> tuple[int, ...] | None:
+    def _planned_cards(self, kind: str, size: int, cands: list[binding.Candidate]) -> tuple[int, ...] | None:
         ledger = self.state.ledger
-        taken = self._taken()
         if kind == "c":
-            cands = binding.candidates(self.pods.pods(), self.state.inventory, size, taken)
             cand = cands[0] if cands else None
             if cand and cand.recorded and ledger.problem(self._allocation_for(cand, cand.recorded, "probe")) is None:
                 return cand.recorded
@@ -214,23 +217,31 @@ class AllocationService:
             raise PluginError.invalid(f"{cores} vcuda-core IDs span cards {list(cards)}; a share must be on one card")
         return cards, cores
 
-    async def _guess(self, cores: int, cards: tuple[int, ...]) -> binding.Candidate | None:
-        """The pending pod this allocation is most likely for. A pod bound a moment ago may not have reached the
-        watch yet: look again for a short while, then list the pods live, then keep looking until the deadline."""
+    async def _visible_candidates(self, cores: int) -> list[binding.Candidate]:
+        """Pending pods asking `cores`, after giving a pod bound a moment ago the time to reach the watch (and
+        listing pods live once if it has not)."""
         loop = asyncio.get_running_loop()
         start = loop.time()
-        listed = False
         while True:
             cands = binding.candidates(self.pods.pods(), self.state.inventory, cores, self._taken())
-            cand = binding.pick(cands, cards)
-            waited = loop.time() - start
-            if cand is not None or waited > CANDIDATE_WAIT_S:
-                return cand
-            if waited > WATCH_LAG_S and not listed:
-                listed = True
-                await self._refresh_quietly()
-                continue
-            await asyncio.sleep(0.01 if waited < WATCH_LAG_S else 0.2)
+            if cands or loop.time() - start > WATCH_LAG_S:
+                break
+            await asyncio.sleep(0.01)
+        if not cands:
+            await self._refresh_quietly()
+            cands = binding.candidates(self.pods.pods(), self.state.inventory, cores, self._taken())
+        return cands
+
+    async def _guess(self, cores: int, cards: tuple[int, ...]) -> binding.Candidate | None:
+        """The pending pod this allocation is most likely for; waits up to CANDIDATE_WAIT_S for it to appear."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CANDIDATE_WAIT_S
+        cand = binding.pick(await self._visible_candidates(cores), cards)
+        while cand is None and loop.time() < deadline:
+            await asyncio.sleep(0.2)
+            cand = binding.pick(binding.candidates(self.pods.pods(), self.state.inventory, cores, self._taken()),
+                                cards)
+        return cand
 
     def _taken(self) -> set[tuple[str, str]]:
         return {_identity(a) for a in self.state.ledger.allocations.values()}

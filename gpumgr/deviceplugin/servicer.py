@@ -47,7 +47,7 @@ class PluginServicer(pb_grpc.DevicePluginServicer):
         try:
             for creq in request.container_requests:
                 out.container_responses.append(
-                    pb.ContainerPreferredAllocationResponse(deviceIDs=self.service.preferred(self.kind, creq)))
+                    pb.ContainerPreferredAllocationResponse(deviceIDs=await self.service.preferred(self.kind, creq)))
         except PluginError as e:
             await context.abort(e.code, f"{self.resource}: {e.message}")
         return out

@@ -27,6 +27,7 @@ class PodCache:
         self.node = node
         self._lock = threading.Lock()
         self._pods: dict[str, dict[str, Any]] = {}
+        self._tombstones: dict[str, int] = {}  # uid -> resourceVersion of its deletion
         self._synced = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -61,9 +62,28 @@ class PodCache:
             return self._pods.get(uid)
 
     async def refresh(self) -> None:
-        """A live list now (the watch may lag behind a pod that was just bound here)."""
+        """A live list now (the watch may lag behind a pod that was just bound here). Merged in, never replacing:
+        an answer that took long may be older than what the watch has already delivered."""
         pods, _ = await asyncio.get_running_loop().run_in_executor(None, self.kube.list_node_pods_sync, self.node)
-        self._replace(pods)
+        with self._lock:
+            for p in pods:
+                self._put(p)
+        self._notify()
+
+    async def live_uids(self) -> set[str] | None:
+        """UIDs of the pods on this node that still hold devices (not Succeeded/Failed), from a fresh list;
+        None when the API cannot be asked (then nothing should be freed on the cache's word alone)."""
+        try:
+            pods, _ = await asyncio.get_running_loop().run_in_executor(None, self.kube.list_node_pods_sync,
+                                                                       self.node)
+        except Exception as e:  # noqa: BLE001
+            log.warning("cannot list the pods on node %s (%s): freeing nothing this round", self.node, e)
+            return None
+        with self._lock:
+            for p in pods:
+                self._put(p)
+        return {str(p["metadata"]["uid"]) for p in pods
+                if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")}
 
     # -- the watch thread -----------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -73,7 +93,7 @@ class PodCache:
         while not self._stop.is_set():
             try:
                 pods, rv = self.kube.list_node_pods_sync(self.node)
-                self._replace(pods)
+                self._replace(pods, rv)
                 self._synced.set()
                 backoff = 0.2
                 w = watch.Watch()
@@ -91,9 +111,18 @@ class PodCache:
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
 
-    def _replace(self, pods: list[dict[str, Any]]) -> None:
+    def _replace(self, pods: list[dict[str, Any]], list_rv: str) -> None:
+        """A full list from the watch thread: it replaces the cache, except for what is newer than the list."""
+        snapshot = _rv(list_rv)
         with self._lock:
-            self._pods = {p["metadata"]["uid"]: p for p in pods if p.get("metadata", {}).get("uid")}
+            old = self._pods
+            self._pods = {}
+            self._tombstones = {u: rv for u, rv in self._tombstones.items() if rv > snapshot}
+            for p in pods:
+                self._put(p)
+            for uid, p in old.items():  # seen after the list was taken (by a refresh or the watch)
+                if uid not in self._pods and _rv(p) > snapshot:
+                    self._pods[uid] = p
         self._notify()
 
     def _apply(self, kind: str, pod: dict[str, Any]) -> None:
@@ -103,9 +132,22 @@ class PodCache:
         with self._lock:
             if kind == "DELETED":
                 self._pods.pop(uid, None)
+                self._tombstones[uid] = _rv(pod)
             elif kind in ("ADDED", "MODIFIED"):
-                self._pods[uid] = pod
+                self._put(pod)
         self._notify()
+
+    def _put(self, pod: dict[str, Any]) -> None:
+        """Keep the newest version of a pod (by resourceVersion); never revive one the watch saw deleted."""
+        uid = (pod.get("metadata") or {}).get("uid")
+        if not uid:
+            return
+        rv = _rv(pod)
+        if self._tombstones.get(uid, -1) >= rv:
+            return
+        cur = self._pods.get(uid)
+        if cur is None or _rv(cur) <= rv:
+            self._pods[uid] = pod
 
     def _notify(self) -> None:
         for fn in list(self._listeners):
@@ -113,3 +155,12 @@ class PodCache:
                 fn()
             except Exception:  # noqa: BLE001
                 log.exception("pod cache listener failed")
+
+
+def _rv(obj: dict[str, Any] | str) -> int:
+    """A resourceVersion as a number for ordering (opaque by contract, decimal in practice); unknown is 0."""
+    raw = obj if isinstance(obj, str) else (obj.get("metadata") or {}).get("resourceVersion", "")
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return 0

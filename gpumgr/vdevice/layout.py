@@ -102,6 +102,15 @@ class VDeviceLayout:
     def remove(self, key: str) -> None:
         shutil.rmtree(self.dir_for(key), ignore_errors=True)
 
+    def age_s(self, key: str) -> float:
+        """Seconds since the key's directory was made (0 if it does not exist)."""
+        import time
+
+        try:
+            return max(0.0, time.time() - self.dir_for(key).stat().st_mtime)
+        except OSError:
+            return 0.0
+
     def keys(self) -> list[str]:
         if not self.root.is_dir():
             return []
