@@ -17,7 +17,8 @@ from typing import Any
 
 from gpumgr import binding, podspec
 from gpumgr.agent.service import AllocationService
-from gpumgr.allocator import Allocation, Ledger, LedgerError
+from gpumgr.agent.truth import apply_truths
+from gpumgr.allocator import Allocation, Ledger
 from gpumgr.deviceplugin import ids as devids
 from gpumgr.kubelet_checkpoint import KubeletCheckpointError, read_kubelet_checkpoint
 from gpumgr.vdevice.layout import allocation_key
@@ -96,19 +97,8 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
         report.vdevices_removed += len(removed)
     if restore:
         def apply(ledger: Ledger) -> None:
-            for a in restore:
-                ledger.release(a.key)  # a guessed owner the kubelet contradicts
-                try:
-                    ledger.assign(a, check_health=False)
-                except LedgerError:
-                    _make_room(ledger, a, owners)
-                    try:
-                        ledger.assign(a, check_health=False)
-                    except LedgerError as e:
-                        report.conflicts.append(f"{a.meta.get('namespace')}/{a.meta.get('pod')} "
-                                                f"container {a.meta.get('container')}: {e}")
-                        continue
-                report.restored += 1
+            report.conflicts = apply_truths(ledger, restore, owners)
+            report.restored = len(restore) - len(report.conflicts)
 
         await state.commit(apply)
     for c in report.conflicts:
@@ -140,13 +130,6 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
 
 def _is_app(pod: dict[str, Any] | None, container: str) -> bool:
     return bool(pod) and any(c.get("name") == container for c in (pod or {}).get("spec", {}).get("containers") or [])
-
-
-def _make_room(ledger: Ledger, want: Allocation, owners: dict[str, Any]) -> None:
-    """The kubelet's record wins over allocations it never recorded: free those on the wanted cards."""
-    for a in list(ledger.allocations.values()):
-        if a.key not in owners and a.meta.get("verified") != "true" and set(a.cards) & set(want.cards):
-            ledger.release(a.key)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from gpumgr import binding, podspec, vdriver
 from gpumgr.agent.errors import PluginError
 from gpumgr.agent.state import NodeState
+from gpumgr.agent.truth import apply_truths
 from gpumgr.allocator import Allocation, InvalidRequest, LedgerError, NoFit, Request, choose
 from gpumgr.deviceplugin import ids as devids
 from gpumgr.deviceplugin import response
@@ -267,7 +268,7 @@ class AllocationService:
     async def prestart_core(self, device_ids: list[str]) -> None:
         cards, cores = self._check_core_ids(device_ids)
         key = allocation_key(device_ids)
-        uid, container = await self._owner(device_ids)
+        uid, container, ckpt = await self._owner(device_ids)
         pod = self.pods.get(uid)
         if pod is None:
             await self._refresh_quietly()
@@ -276,13 +277,13 @@ class AllocationService:
             raise PluginError.precondition(f"pod {uid} (owner of these devices per the kubelet) is not on node "
                                            f"{self.state.node_name} in the API", "no_pod")
         try:
-            await self._verify(pod, container, cards, cores, key)
+            await self._verify(pod, container, cards, cores, key, ckpt)
         except PluginError as e:
             self._background(self._warn(pod, "GPUPreStartFailed", e.message))
             raise
 
     async def _verify(self, pod: Mapping[str, Any], container: str, cards: tuple[int, ...],
-                      cores: int, key: str) -> None:
+                      cores: int, key: str, ckpt: KubeletCheckpoint) -> None:
         uid = str(pod["metadata"]["uid"])
         ask = binding.find_container(pod, container)
         if ask is None or ask.cores != cores:
@@ -301,9 +302,16 @@ class AllocationService:
                             current.meta.get("pod"), current.meta.get("container"), meta.get("namespace"),
                             meta.get("name"), container)
 
+            # the same checkpoint also names the owners of the other guesses: correct them in the same step, so
+            # that two swapped guesses on a full card repair each other
+            truths = [truth, *self._corrected_guesses(ckpt, skip=key)]
+            recorded = {allocation_key(e.device_ids) for e in ckpt.entries if e.resource_name == podspec.RESOURCE_CORE}
+            conflicts: list[str] = []
+
             def repair(ledger: Any) -> None:
-                ledger.release(key)
-                ledger.assign(truth, check_health=False)
+                conflicts[:] = apply_truths(ledger, truths, recorded)
+                if ledger.held_by(key) != truth:
+                    raise LedgerError(conflicts[0] if conflicts else "no room")
 
             try:
                 await self.state.commit(repair)
@@ -317,7 +325,26 @@ class AllocationService:
                  meta.get("name"), container, list(cards), key)
         self.schedule_annotations(uid)
 
-    async def _owner(self, device_ids: list[str]) -> tuple[str, str]:
+    def _corrected_guesses(self, ckpt: KubeletCheckpoint, skip: str) -> list[Allocation]:
+        """Unverified allocations whose owner, per the kubelet checkpoint, is not the pod guessed at Allocate."""
+        out = []
+        for e in ckpt.entries:
+            if e.resource_name != podspec.RESOURCE_CORE:
+                continue
+            k = allocation_key(e.device_ids)
+            have = self.state.ledger.held_by(k)
+            if k == skip or have is None or have.meta.get("verified") == "true":
+                continue
+            if _identity(have) == (e.pod_uid, e.container_name):
+                continue
+            pod = self.pods.get(e.pod_uid)
+            ask = binding.find_container(pod, e.container_name) if pod else None
+            if pod is None or ask is None or ask.cores != have.cores:
+                continue
+            out.append(self._allocation_for(binding.Candidate(pod, ask, None, ()), have.cards, k))
+        return out
+
+    async def _owner(self, device_ids: list[str]) -> tuple[str, str, KubeletCheckpoint]:
         path = self.config.kubelet_checkpoint
         deadline = time.monotonic() + OWNER_WAIT_S
         loop = asyncio.get_running_loop()
@@ -329,11 +356,12 @@ class AllocationService:
                     from None
             owners = find_owners(ckpt.entries, podspec.RESOURCE_CORE, device_ids)
             if len(owners) == 1:
-                return owners[0]
+                return owners[0][0], owners[0][1], ckpt
             if owners:  # an app container reusing all of an init container's devices: the app container owns them
                 pod = self.pods.get(owners[0][0]) or {}
                 app = {c.get("name") for c in (pod.get("spec") or {}).get("containers") or []}
-                return next((o for o in owners if o[1] in app), owners[-1])
+                uid, name = next((o for o in owners if o[1] in app), owners[-1])
+                return uid, name, ckpt
             if time.monotonic() > deadline:
                 raise PluginError.precondition(
                     f"the kubelet checkpoint {path} names no container holding these {len(device_ids)} vcuda-core "
