@@ -20,6 +20,7 @@ from gpumgr.agent.service import AllocationService
 from gpumgr.agent.truth import apply_truths
 from gpumgr.allocator import Allocation, Ledger
 from gpumgr.deviceplugin import ids as devids
+from gpumgr.kube.pod_cache import mirror_of
 from gpumgr.kubelet_checkpoint import KubeletCheckpointError, read_kubelet_checkpoint
 from gpumgr.vdevice.layout import allocation_key
 
@@ -44,13 +45,18 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
         except KubeletCheckpointError as err:
             log.error("reconcile (%s): kubelet checkpoint unreadable, freeing nothing on its account: %s", why, err)
     pods = {p["metadata"]["uid"]: p for p in service.pods.pods() if (p.get("metadata") or {}).get("uid")}
+    for p in list(pods.values()):  # static pods: the kubelet knows them by their mirror pod's config.mirror UID
+        alias = mirror_of(p)
+        if alias:
+            pods.setdefault(alias, p)
     live = {uid for uid, p in pods.items() if binding.is_live(p)}
     owners: dict[str, tuple[str, str, tuple[str, ...]]] = {}
     for entry in entries:
         key = allocation_key(entry.device_ids)
         # an app container reusing an init container's IDs: the app container owns them
         if key not in owners or _is_app(pods.get(entry.pod_uid), entry.container_name):
-            owners[key] = (entry.pod_uid, entry.container_name, entry.device_ids)
+            api_uid = str(pods[entry.pod_uid]["metadata"]["uid"]) if entry.pod_uid in pods else entry.pod_uid
+            owners[key] = (api_uid, entry.container_name, entry.device_ids)
 
     now = time.time()
     release: list[str] = []

@@ -335,9 +335,9 @@ class AllocationService:
             have = self.state.ledger.held_by(k)
             if k == skip or have is None or have.meta.get("verified") == "true":
                 continue
-            if _identity(have) == (e.pod_uid, e.container_name):
-                continue
             pod = self.pods.get(e.pod_uid)
+            if _identity(have) == (str((pod or {}).get("metadata", {}).get("uid", e.pod_uid)), e.container_name):
+                continue
             ask = binding.find_container(pod, e.container_name) if pod else None
             if pod is None or ask is None or ask.cores != have.cores:
                 continue

@@ -58,8 +58,12 @@ class PodCache:
             return list(self._pods.values())
 
     def get(self, uid: str) -> dict[str, Any] | None:
+        """By API UID, or by the UID the kubelet knows a static pod by (its mirror pod's config.mirror)."""
         with self._lock:
-            return self._pods.get(uid)
+            pod = self._pods.get(uid)
+            if pod is None:
+                pod = next((p for p in self._pods.values() if mirror_of(p) == uid), None)
+            return pod
 
     async def refresh(self) -> None:
         """A live list now (the watch may lag behind a pod that was just bound here). Merged in, never replacing:
@@ -164,3 +168,11 @@ def _rv(obj: dict[str, Any] | str) -> int:
         return int(raw)
     except (TypeError, ValueError):
         return 0
+
+
+MIRROR = "kubernetes.io/config.mirror"
+
+
+def mirror_of(pod: dict[str, Any]) -> str | None:
+    """A static pod's mirror pod carries the UID the kubelet uses for it (in its checkpoint) in this annotation."""
+    return ((pod.get("metadata") or {}).get("annotations") or {}).get(MIRROR)

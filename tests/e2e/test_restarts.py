@@ -94,3 +94,19 @@ async def test_a_deleted_plugin_socket_is_served_and_registered_again():
         assert (node.config.device_plugin_dir / "vcore.sock").exists()
         assert set(holdings(node)) == {"a"}
         await node.run_pod("b", [("main", 100, 0)])
+
+
+async def test_static_pods_known_to_the_kubelet_by_their_mirror_uid():
+    from gpumgr.agent.reconcile import reconcile
+    from gpumgr.kube.pod_cache import MIRROR
+    from gpumgr.sim.kubelet import ContainerRequest
+
+    async with sim_node("gtx1080ti") as node:
+        static_uid = "6d5a3c1b0f9e8d7c6b5a4f3e2d1c0b9a"  # the kubelet's hash of the static pod's manifest
+        pod = node.create_pod("etcd-ish-gpu", [("main", 30, 4)], annotations={MIRROR: static_uid})
+        await node.kubelet.admit_pod(static_uid, [ContainerRequest("main", {CORE: 30, "tencent.com/vcuda-memory": 4})])
+        node.api.store.set_pod_phase("default", "etcd-ish-gpu", "Running")
+        (a,) = node.agent.state.ledger.allocations.values()
+        assert a.meta["verified"] == "true" and a.meta["pod_uid"] == pod["metadata"]["uid"]
+        report = await reconcile(node.agent.service, True, 60, "periodic")
+        assert report.restored == 0 and report.freed_gone == 0 and len(node.agent.state.ledger.allocations) == 1
