@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpumgr import binding, podspec
@@ -101,6 +101,12 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
     if release:
         removed = await service.release(release, f"reconcile ({why}): no live pod holds it")
         report.vdevices_removed += len(removed)
+    restore = _group_reuse(restore, owners)
+    # a container riding on a reservation that is gone (its pod's other container was freed) reserves again
+    for a in state.ledger.allocations.values():
+        if not a.reserve and a.meta.get("rides_on") not in state.ledger.allocations and a.key not in release \
+                and all(r.key != a.key for r in restore):
+            restore.append(replace(a, reserve=True, meta={k: v for k, v in a.meta.items() if k != "rides_on"}))
     if restore:
         def apply(ledger: Ledger) -> None:
             report.conflicts = apply_truths(ledger, restore, owners)
@@ -132,6 +138,27 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
     if report.changed:
         log.info("reconcile (%s): %s", why, report.summary())
     return report
+
+
+def _group_reuse(restore: list[Allocation], owners: dict[str, tuple[str, str, tuple[str, ...]]]) -> list[Allocation]:
+    """Containers of one pod restored from the kubelet's record whose devices overlap (an app container reusing
+    its init container's): the one with the most devices reserves, with the largest memory; the others ride."""
+    out = list(restore)
+    by_pod: dict[str, list[int]] = {}
+    for i, a in enumerate(out):
+        by_pod.setdefault(a.meta.get("pod_uid", ""), []).append(i)
+    for idxs in by_pod.values():
+        if len(idxs) < 2:
+            continue
+        idxs.sort(key=lambda i: -len(owners[out[i].key][2]))
+        top = idxs[0]
+        top_ids = set(owners[out[top].key][2])
+        for i in idxs[1:]:
+            if set(owners[out[i].key][2]) <= top_ids:
+                if out[top].cores < 100:
+                    out[top] = replace(out[top], memory_mib=max(out[top].memory_mib, out[i].memory_mib))
+                out[i] = replace(out[i], reserve=False, meta={**out[i].meta, "rides_on": out[top].key})
+    return out
 
 
 def _is_app(pod: dict[str, Any] | None, container: str) -> bool:

@@ -13,8 +13,8 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,7 +22,7 @@ from gpumgr import binding, podspec, vdriver
 from gpumgr.agent.errors import PluginError
 from gpumgr.agent.state import NodeState
 from gpumgr.agent.truth import apply_truths
-from gpumgr.allocator import Allocation, InvalidRequest, LedgerError, NoFit, Request, choose
+from gpumgr.allocator import Allocation, InvalidRequest, Ledger, LedgerError, NoFit, Request, choose
 from gpumgr.deviceplugin import ids as devids
 from gpumgr.deviceplugin import response
 from gpumgr.kubelet_checkpoint import KubeletCheckpoint, KubeletCheckpointError, find_owners, read_kubelet_checkpoint
@@ -171,16 +171,17 @@ class AllocationService:
             raise PluginError.precondition(f"the vCUDA shim is not installed at {shim}: a fractional container "
                                            "would run with no limits (check --shim-source)", "no_shim")
         cand = await self._guess(cores, cards)
-        alloc = self._allocation_for(cand, cards, key) if cand else Allocation(
+        alloc = self._allocation_for(cand, cards, key, ids=device_ids) if cand else Allocation(
             key=key, cards=cards, cores=cores, memory_mib=0 if cores >= 100 else self.state.memory_unit_mib,
             meta={"verified": "false", "created": str(int(time.time()))})
         if cand is None and cores < 100:
             raise PluginError.precondition(
                 f"no pending pod on node {self.state.node_name} asks vcuda-core={cores}; cannot tell how much memory "
                 "to give (is the pod bound to this node and visible to the agent?)", "no_pod")
+        change = self._with_reuse(alloc, set(device_ids))
         try:
             await self.state.run_io(self.layout.prepare, key)  # the mount must exist before anyone is answered
-            await self.state.commit(lambda ledger: ledger.assign(alloc))
+            await self.state.commit(change)
         except LedgerError as e:
             raise PluginError.exhausted(f"cannot allocate cards {list(cards)}: {e}") from None
         except OSError as e:
@@ -199,6 +200,32 @@ class AllocationService:
         if not device_ids:
             raise PluginError.invalid("no device IDs in the request")
         return pb.ContainerAllocateResponse()
+
+    def _with_reuse(self, alloc: Allocation, ids: set[str]) -> Callable[[Ledger], None]:
+        """How to record `alloc`. The kubelet hands an app container devices its pod's init container already
+        holds (all of them plus more, or some of them): the pod then needs the larger of the two on those cards,
+        not the sum. The larger reserves, with the memory of both; the other rides on it."""
+        base = next((a for a in self.state.ledger.allocations.values()
+                     if a.reserve and a.meta.get("ids") and ids & set(a.meta["ids"].split(","))), None)
+        if base is None:
+            return lambda ledger: ledger.assign(alloc)
+        old = set(base.meta["ids"].split(","))
+        if ids >= old:
+            primary = replace(alloc, memory_mib=max(alloc.memory_mib, base.memory_mib) if alloc.cores < 100 else 0)
+            rider = replace(base, reserve=False, meta={**base.meta, "rides_on": alloc.key})
+        elif ids <= old:
+            primary = replace(base, memory_mib=max(alloc.memory_mib, base.memory_mib) if base.cores < 100 else 0)
+            rider = replace(alloc, reserve=False, meta={**alloc.meta, "rides_on": base.key})
+        else:
+            return lambda ledger: ledger.assign(alloc)
+        log.info("allocate: %s reuses the devices of %s (same pod): one reservation for both", alloc.key, base.key)
+
+        def change(ledger: Ledger) -> None:
+            ledger.release(base.key)
+            ledger.assign(primary)
+            ledger.assign(rider)
+
+        return change
 
     def _check_core_ids(self, device_ids: list[str]) -> tuple[tuple[int, ...], int]:
         if not device_ids:
@@ -248,15 +275,18 @@ class AllocationService:
         return {_identity(a) for a in self.state.ledger.allocations.values()}
 
     def _allocation_for(self, cand: binding.Candidate, cards: tuple[int, ...], key: str,
-                        verified: bool = False) -> Allocation:
+                        verified: bool = False, ids: list[str] | None = None) -> Allocation:
         ask = cand.ask
         memory = 0 if ask.cores >= 100 else ask.memory_units * self.state.memory_unit_mib
-        return Allocation(key=key, cards=tuple(cards), cores=ask.cores, memory_mib=memory, meta={
+        meta = {
             "pod_uid": cand.uid, "namespace": cand.namespace, "pod": cand.name, "container": ask.name,
             "container_index": str(ask.index), "init": "true" if ask.init else "false",
             "memory_units": str(ask.memory_units), "verified": "true" if verified else "false",
             "created": str(int(time.time())),
-        })
+        }
+        if ask.init and ids:  # the kubelet may hand these devices on to the pod's app containers
+            meta["ids"] = ",".join(sorted(ids))
+        return Allocation(key=key, cards=tuple(cards), cores=ask.cores, memory_mib=memory, meta=meta)
 
     def _response(self, alloc: Allocation) -> pb.ContainerAllocateResponse:
         gpus = [self.state.inventory.gpus[c] for c in alloc.cards]
@@ -294,8 +324,10 @@ class AllocationService:
         cand = binding.Candidate(pod=pod, ask=ask, recorded=None, order=())
         truth = self._allocation_for(cand, cards, key, verified=True)
         current = self.state.ledger.held_by(key)
-        if current is None or _identity(current) != _identity(truth) or current.memory_mib != truth.memory_mib \
-                or current.meta.get("verified") != "true":
+        if current is not None and _identity(current) == _identity(truth):
+            # the guess was right: keep its reservation (shared with a reusing container, if any), mark it verified
+            truth = replace(current, meta={**current.meta, "verified": "true"})
+        if current is None or current != truth:
             if current is not None and _identity(current) != _identity(truth):
                 log.warning("prestart: allocation %s was guessed for %s/%s container %s; the kubelet says %s/%s "
                             "container %s: repaired before any limit was written", key, current.meta.get("namespace"),
@@ -387,7 +419,11 @@ class AllocationService:
         return frozenset(g.bus_id for g in gpus if g.bus_id)
 
     def limits_for(self, alloc: Allocation, pod: Mapping[str, Any]) -> Limits:
+        """The container's own limits, from what it asks (its allocation may reserve more for a reusing pod)."""
         gpus = [self.state.inventory.gpus[c] for c in alloc.cards]
+        ask = binding.find_container(pod, alloc.meta.get("container", ""))
+        if ask is not None and ask.cores == alloc.cores and alloc.cores < 100:
+            alloc = replace(alloc, memory_mib=ask.memory_units * self.state.memory_unit_mib)
         if alloc.cores >= 100:
             return Limits(pod_uid=alloc.meta["pod_uid"], container_name=alloc.meta["container"], core_limit=0,
                           hard_limit=True, core_ceiling=0,

@@ -45,6 +45,9 @@ class Ledger:
             return "no cards"
         if len(set(alloc.cards)) != len(alloc.cards):
             return f"card listed twice in {list(alloc.cards)}"
+        if not alloc.reserve:  # rides on another allocation's reservation: takes nothing itself
+            bad = [i for i in alloc.cards if not 0 <= i < len(self.cards)]
+            return f"no card {bad[0]} (node has {len(self.cards)})" if bad else None
         whole = alloc.cores >= HUNDRED
         if whole and len(alloc.cards) != alloc.cores // HUNDRED:
             return f"{alloc.cores} cores need {alloc.cores // HUNDRED} cards, got {len(alloc.cards)}"
@@ -155,9 +158,10 @@ class CardState:
 
     @property
     def mode(self) -> str:
-        if not self.holders:
+        reserving = [h for h in self.holders.values() if h.cores or h.memory_mib]
+        if not reserving:  # nobody, or only containers riding on a reservation elsewhere
             return "free"
-        if any(h.cores >= HUNDRED for h in self.holders.values()):
+        if any(h.cores >= HUNDRED for h in reserving):
             return "exclusive"
         return "shared"
 
@@ -171,20 +175,28 @@ class Allocation:
     cores: int
     memory_mib: int = 0
     meta: Mapping[str, str] = field(default_factory=dict)
+    # False: a container reusing devices its pod already reserved (an app container on an init container's
+    # devices, or the other way round); it is recorded, but takes nothing from the cards itself
+    reserve: bool = True
 
     def holding_on(self, card: CardState) -> Holding:
+        if not self.reserve:
+            return Holding(cores=0, memory_mib=0)
         if self.cores >= HUNDRED:
             return Holding(cores=HUNDRED, memory_mib=card.memory_mib)
         return Holding(cores=self.cores, memory_mib=self.memory_mib)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "key": self.key,
             "cards": list(self.cards),
             "cores": self.cores,
             "memory_mib": self.memory_mib,
             "meta": dict(self.meta),
         }
+        if not self.reserve:
+            doc["reserve"] = False
+        return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Allocation:
@@ -197,4 +209,5 @@ class Allocation:
             cores=int(doc["cores"]),
             memory_mib=int(doc.get("memory_mib", 0)),
             meta={str(k): str(v) for k, v in meta.items()},
+            reserve=bool(doc.get("reserve", True)),
         )
