@@ -221,6 +221,9 @@ class AllocationService:
         log.info("allocate: %s reuses the devices of %s (same pod): one reservation for both", alloc.key, base.key)
 
         def change(ledger: Ledger) -> None:
+            if ledger.held_by(base.key) != base:  # changed while we waited for the lock: record plainly
+                ledger.assign(alloc)
+                return
             ledger.release(base.key)
             ledger.assign(primary)
             ledger.assign(rider)
