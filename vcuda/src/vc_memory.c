@@ -152,7 +152,9 @@ static uint64_t array_bytes(size_t w, size_t h, size_t d, int fmt, unsigned ch, 
 
 /* ---- linear allocations ---- */
 
-#define ALLOC_BODY(call, ptr_expr, bytes_expr)                                                         \
+/* Check-and-reserve against the limit, call the driver, roll back if it fails, and remember the handle so that
+   its free gives the bytes back. `key_expr` is read after the call (the handle the driver wrote). */
+#define RESERVE_BODY(kind, call, key_expr, bytes_expr)                                                 \
     int rc;                                                                                            \
     int s = counted_slot(&rc);                                                                         \
     if (s == -2)                                                                                       \
@@ -167,10 +169,12 @@ static uint64_t array_bytes(size_t w, size_t h, size_t d, int fmt, unsigned ch, 
         unreserve(s, bytes);                                                                           \
         return r;                                                                                      \
     }                                                                                                  \
-    if (vc_table_add(VC_KIND_DPTR, (uint64_t)(ptr_expr), s, bytes) != 0)                               \
+    if (vc_table_add((kind), (key_expr), s, bytes) != 0)                                               \
         VC_WARN("allocation table full; %llu bytes will not be given back on free",                    \
                 (unsigned long long)bytes);                                                            \
     return r;
+
+#define ALLOC_BODY(call, ptr_expr, bytes_expr) RESERVE_BODY(VC_KIND_DPTR, call, (uint64_t)(ptr_expr), bytes_expr)
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
@@ -322,23 +326,8 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream st)
 
 /* ---- arrays ---- */
 
-#define ARRAY_BODY(kind, out, call, bytes_expr)                                                        \
-    int rc;                                                                                            \
-    int s = counted_slot(&rc);                                                                         \
-    if (s == -2)                                                                                       \
-        return rc;                                                                                     \
-    if (s < 0)                                                                                         \
-        return call;                                                                                   \
-    uint64_t bytes = (bytes_expr);                                                                     \
-    if (reserve(s, bytes) != 0)                                                                        \
-        return CUDA_ERROR_OUT_OF_MEMORY;                                                               \
-    CUresult r = call;                                                                                 \
-    if (r != CUDA_SUCCESS) {                                                                           \
-        unreserve(s, bytes);                                                                           \
-        return r;                                                                                      \
-    }                                                                                                  \
-    vc_table_add(kind, (uint64_t)(uintptr_t)(*(out)), s, bytes);                                       \
-    return r;
+#define ARRAY_BODY(kind, out, call, bytes_expr) \
+    RESERVE_BODY(kind, call, (uint64_t)(uintptr_t)(*(out)), bytes_expr)
 
 CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
 {
