@@ -3,6 +3,7 @@ the kubelet checkpoint repairs both, whatever order its entries come in, and not
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import grpc
@@ -40,7 +41,10 @@ async def test_swapped_guesses_on_a_full_card_are_repaired_in_any_order(order, b
 
         await st.commit(allocate)
         entries = [(o, "o"), (q, "q"), (p, "p")] if order == "q-first" else [(o, "o"), (p, "p"), (q, "q")]
-        node.config.kubelet_checkpoint.write_text(json.dumps({"Data": {"PodDeviceEntries": [
+        # the kubelet's record of these three pods, in a file of its own (the emulator rewrites its own file)
+        ckpt = node.workdir / "kubelet_checkpoint_for_test"
+        svc.config = dataclasses.replace(svc.config, kubelet_checkpoint=ckpt)
+        ckpt.write_text(json.dumps({"Data": {"PodDeviceEntries": [
             {"PodUID": pod["metadata"]["uid"], "ContainerName": "main", "ResourceName": podspec.RESOURCE_CORE,
              "DeviceIDs": {"0": list(ids[name])}} for pod, name in entries], "RegisteredDevices": {}},
             "Checksum": 1}))
