@@ -76,6 +76,13 @@ def find_container(pod: Mapping[str, Any], name: str) -> podspec.ContainerAsk | 
     return None
 
 
+def app_owner(owners: list[tuple[str, str]], pod: Mapping[str, Any] | None) -> tuple[str, str]:
+    """Of the containers the kubelet lists for one set of device IDs (an app container reusing all of an init
+    container's devices), the app container owns them; otherwise the last listed."""
+    app = {c.get("name") for c in ((pod or {}).get("spec") or {}).get("containers") or []}
+    return next((o for o in owners if o[1] in app), owners[-1])
+
+
 def core_ceiling(pod: Mapping[str, Any]) -> int | None:
     """`tencent.com/vcuda-core-limit`: the soft-limit ceiling in percent, or None when absent or malformed."""
     raw = podspec.pod_annotations(pod).get(podspec.ANN_CORE_LIMIT)

@@ -59,6 +59,3 @@ def cost(level: str) -> float:
         return 8.0 / int(m.group(1))
     return 10.0 * PCIE_RANK[level]
 
-
-def is_nvlink(level: str) -> bool:
-    return level.startswith("NV")

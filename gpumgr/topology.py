@@ -80,22 +80,6 @@ class Topology:
             root.children.append(self._group(frozenset(range(self.n))))
         return root
 
-    @cached_property
-    def tree_graph(self) -> nx.DiGraph:
-        """The tree as a networkx DiGraph: node ids are tuples of GPUs, attribute `level`."""
-        t = nx.DiGraph()
-
-        def walk(node: TreeNode, parent: tuple[int, ...] | str | None) -> None:
-            nid: tuple[int, ...] | str = "ROOT" if node.level == "ROOT" else node.gpus
-            t.add_node(nid, level=node.level, gpus=node.gpus)
-            if parent is not None:
-                t.add_edge(parent, nid)
-            for c in node.children:
-                walk(c, nid)
-
-        walk(self.tree, None)
-        return t
-
     def _group(self, members: frozenset[int]) -> TreeNode:
         if len(members) == 1:
             (g,) = members

@@ -9,11 +9,9 @@ server runs and no stale one does. An allocation the kubelet has not recorded ye
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from gpumgr import binding, podspec
 from gpumgr.agent.service import AllocationService
@@ -21,7 +19,7 @@ from gpumgr.agent.truth import apply_truths
 from gpumgr.allocator import Allocation, Ledger
 from gpumgr.deviceplugin import ids as devids
 from gpumgr.kube.pod_cache import mirror_of
-from gpumgr.kubelet_checkpoint import KubeletCheckpointError, read_kubelet_checkpoint
+from gpumgr.kubelet_checkpoint import KubeletCheckpointError
 from gpumgr.vdevice.layout import allocation_key
 
 log = logging.getLogger("gpumgr.reconcile")
@@ -35,11 +33,10 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
     reading the kubelet checkpoint; the full pass does everything."""
     state = service.state
     report = Report(why=why)
-    loop = asyncio.get_running_loop()
     kubelet_ok, entries = False, []
     if full:
         try:
-            ckpt = await loop.run_in_executor(None, read_kubelet_checkpoint, service.config.kubelet_checkpoint)
+            ckpt = await service.kubelet_checkpoint()
             kubelet_ok = True
             entries = [e for e in ckpt.entries if e.resource_name == podspec.RESOURCE_CORE]
         except KubeletCheckpointError as err:
@@ -50,13 +47,17 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
         if alias:
             pods.setdefault(alias, p)
     live = {uid for uid, p in pods.items() if binding.is_live(p)}
-    owners: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+    holders: dict[str, list[tuple[str, str]]] = {}
+    ids_of: dict[str, tuple[str, ...]] = {}
     for entry in entries:
         key = allocation_key(entry.device_ids)
-        # an app container reusing an init container's IDs: the app container owns them
-        if key not in owners or _is_app(pods.get(entry.pod_uid), entry.container_name):
-            api_uid = str(pods[entry.pod_uid]["metadata"]["uid"]) if entry.pod_uid in pods else entry.pod_uid
-            owners[key] = (api_uid, entry.container_name, entry.device_ids)
+        holders.setdefault(key, []).append((entry.pod_uid, entry.container_name))
+        ids_of[key] = entry.device_ids
+    owners: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+    for key, listed in holders.items():
+        holder, cname = binding.app_owner(listed, pods.get(listed[0][0]))
+        api_uid = str(pods[holder]["metadata"]["uid"]) if holder in pods else holder  # a static pod's mirror UID
+        owners[key] = (api_uid, cname, ids_of[key])
 
     now = time.time()
     release: list[str] = []
@@ -159,10 +160,6 @@ def _group_reuse(restore: list[Allocation], owners: dict[str, tuple[str, str, tu
                     out[top] = replace(out[top], memory_mib=max(out[top].memory_mib, out[i].memory_mib))
                 out[i] = replace(out[i], reserve=False, meta={**out[i].meta, "rides_on": out[top].key})
     return out
-
-
-def _is_app(pod: dict[str, Any] | None, container: str) -> bool:
-    return bool(pod) and any(c.get("name") == container for c in (pod or {}).get("spec", {}).get("containers") or [])
 
 
 @dataclass

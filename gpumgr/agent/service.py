@@ -96,11 +96,10 @@ class AllocationService:
         must = list(req.must_include_deviceIDs)
         try:
             per_card = self._group(available, kind)
-            devids.cards_of(inv, must, kind)
+            must_cards = sorted(devids.cards_of(inv, must, kind))
         except devids.BadDeviceID as e:
             raise PluginError.invalid(str(e)) from None
         cands = await self._visible_candidates(size) if kind == "c" else []
-        must_cards = sorted(devids.cards_of(inv, must, kind)) if must else []
         cards = self._planned_cards(kind, size, cands)
         if must_cards:  # devices reused from an init container: stay on their card(s) first
             cards = tuple(must_cards) + tuple(c for c in (cards or ()) if c not in must_cards)
@@ -167,7 +166,7 @@ class AllocationService:
         if existing is not None:  # the kubelet asking again for the same IDs: same answer
             return self._response(existing), False
         shim = vdriver.shim_path(Path(self.config.response.shim_dir))
-        if cores < 100 and self.config.require_shim and not shim.is_file():
+        if cores < 100 and not shim.is_file():
             raise PluginError.precondition(f"the vCUDA shim is not installed at {shim}: a fractional container "
                                            "would run with no limits (check --shim-source)", "no_shim")
         cand = await self._guess(cores, cards)
@@ -382,20 +381,15 @@ class AllocationService:
     async def _owner(self, device_ids: list[str]) -> tuple[str, str, KubeletCheckpoint]:
         path = self.config.kubelet_checkpoint
         deadline = time.monotonic() + OWNER_WAIT_S
-        loop = asyncio.get_running_loop()
         while True:
             try:
-                ckpt = await loop.run_in_executor(None, self._read_kubelet_checkpoint, path)
+                ckpt = await self.kubelet_checkpoint()
             except KubeletCheckpointError as e:
                 raise PluginError.precondition(f"cannot read the kubelet checkpoint: {e}", "kubelet_checkpoint") \
                     from None
             owners = find_owners(ckpt.entries, podspec.RESOURCE_CORE, device_ids)
-            if len(owners) == 1:
-                return owners[0][0], owners[0][1], ckpt
-            if owners:  # an app container reusing all of an init container's devices: the app container owns them
-                pod = self.pods.get(owners[0][0]) or {}
-                app = {c.get("name") for c in (pod.get("spec") or {}).get("containers") or []}
-                uid, name = next((o for o in owners if o[1] in app), owners[-1])
+            if owners:
+                uid, name = binding.app_owner(owners, self.pods.get(owners[0][0]))
                 return uid, name, ckpt
             if time.monotonic() > deadline:
                 raise PluginError.precondition(
@@ -403,8 +397,12 @@ class AllocationService:
                     "IDs; refusing to write limits for an unverified container", "unverified")
             await asyncio.sleep(0.1)
 
+    async def kubelet_checkpoint(self) -> KubeletCheckpoint:
+        """The kubelet's checkpoint (read off the event loop, parsed again only when the file changed)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            None, self._read_kubelet_checkpoint, self.config.kubelet_checkpoint)
+
     def _read_kubelet_checkpoint(self, path: Path) -> KubeletCheckpoint:
-        """The kubelet's checkpoint, parsed again only when the file changed."""
         try:
             st = os.stat(path)
             stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -526,4 +524,3 @@ def _identity(a: Allocation) -> tuple[str, str]:
 class ServiceConfig:
     kubelet_checkpoint: Path
     response: response.ResponseConfig
-    require_shim: bool = True

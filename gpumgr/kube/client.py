@@ -53,10 +53,6 @@ class KubeClient:
         rv = res.metadata.resource_version if res.metadata else ""
         return [self.to_dict(p) for p in res.items], str(rv or "")
 
-    async def list_node_pods(self, node: str) -> list[dict[str, Any]]:
-        pods, _ = await self._run(self.list_node_pods_sync, node)
-        return pods
-
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         from kubernetes.client.exceptions import ApiException
 

@@ -86,13 +86,14 @@ class SimNode:
         return self.agent
 
     async def wait_plugins(self, timeout: float = 10.0) -> None:
-        """Until both plugins are registered and the kubelet has their device lists."""
+        """Until both plugins are registered and the kubelet has a live device list from each (after a stream
+        breaks the kubelet marks every device Unhealthy until the plugin's new stream sends its list)."""
         for res in (podspec.RESOURCE_CORE, podspec.RESOURCE_MEMORY):
             await self.kubelet.wait_registered(res, timeout=timeout)
             await self.kubelet.wait_for(self._has_devices(res), timeout)
 
     def _has_devices(self, resource: str) -> Callable[[], bool]:
-        return lambda: bool(self.kubelet.devices(resource))
+        return lambda: "Healthy" in self.kubelet.devices(resource).values()
 
     async def stop_agent(self) -> None:
         if self.agent:

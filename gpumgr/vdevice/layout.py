@@ -93,12 +93,6 @@ class VDeviceLayout:
         os.replace(tmp, d / LIMITS)
         return d / LIMITS
 
-    def read_limits(self, key: str) -> Limits | None:
-        try:
-            return Limits.parse((self.dir_for(key) / LIMITS).read_text())
-        except (OSError, ValueError, KeyError):
-            return None
-
     def remove(self, key: str) -> None:
         shutil.rmtree(self.dir_for(key), ignore_errors=True)
 

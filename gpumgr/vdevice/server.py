@@ -152,12 +152,6 @@ class VDeviceManager:
         if remove_dir:
             self.layout.remove(key)
 
-    async def stop_pod(self, pod_uid: str) -> list[str]:
-        keys = [k for k, (_, lim) in self._servers.items() if lim.pod_uid == pod_uid]
-        for k in keys:
-            await self.stop(k)
-        return keys
-
     async def stop_all(self) -> None:
         for k in list(self._servers):
             await self.stop(k, remove_dir=False)

@@ -89,8 +89,7 @@ async def test_a_deleted_plugin_socket_is_served_and_registered_again():
         count = node.kubelet.registration_count(CORE)
         (node.config.device_plugin_dir / "vcore.sock").unlink()
         await node.kubelet.wait_registered(CORE, timeout=10, count=count + 1)
-        for res in (CORE, podspec.RESOURCE_MEMORY):  # the new ListAndWatch streams have sent their lists
-            await node.kubelet.wait_for(lambda r=res: set(node.kubelet.devices(r).values()) == {"Healthy"}, 10)
+        await node.wait_plugins()
         assert (node.config.device_plugin_dir / "vcore.sock").exists()
         assert set(holdings(node)) == {"a"}
         await node.run_pod("b", [("main", 100, 0)])
