@@ -5,9 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-PROTOS := proto/deviceplugin.proto proto/vdevice.proto
+PROTOS := proto/deviceplugin.proto proto/vdevice.proto proto/dra.proto proto/pluginregistration.proto proto/drahealth.proto
 
-.PHONY: all setup shim proto test test-python test-shim lint demo bench clean
+.PHONY: all setup shim fake-nvml proto test test-python test-shim lint demo bench clean
 
 all: setup shim
 
@@ -21,6 +21,10 @@ setup: $(STAMP)
 shim:
 	$(MAKE) -C vcuda
 
+# The fake libnvidia-ml.so.1 that simulates a whole node for the NVML backend's tests and `gpumgr demo --nvml`.
+fake-nvml:
+	$(MAKE) -C tests/fakes/libnvml
+
 # Regenerate the protobuf/gRPC code from proto/ (committed; tests check it is current).
 proto: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m grpc_tools.protoc -Igpumgr/pb=proto \
@@ -30,7 +34,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check gpumgr tests
 	$(BIN)/mypy
 
-test-python: $(STAMP) shim
+test-python: $(STAMP) shim fake-nvml
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test-shim: $(STAMP) shim
@@ -38,7 +42,7 @@ test-shim: $(STAMP) shim
 
 test: lint test-python test-shim
 
-demo: $(STAMP) shim
+demo: $(STAMP) shim fake-nvml
 	$(BIN)/gpumgr demo --once
 
 bench: $(STAMP) shim
@@ -47,4 +51,5 @@ bench: $(STAMP) shim
 
 clean:
 	$(MAKE) -C vcuda clean
+	$(MAKE) -C tests/fakes/libnvml clean
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -2,12 +2,15 @@
 
 Kubernetes API test server, kubelet emulator, the node agent (with /metric), the scheduler extender and a
 kube-scheduler stand-in; then a scripted set of pods, printing the cards, holders and the tree at each step.
+The NVML flavour (`nvml_lib`) runs the agent on the real nvidia-ml-py over the fake libnvidia-ml.so.1 of
+tests/fakes/libnvml, which simulates the same node; its faults are injected through that library.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import signal
 import sys
@@ -19,14 +22,20 @@ from typing import Any, TextIO
 
 from gpumgr import podspec
 from gpumgr.devices.spec import load_node_spec
+from gpumgr.devices.types import Inventory
 from gpumgr.render import render_cards, render_tree
 from gpumgr.sim.node import Container, SimNode
 from gpumgr.sim.scheduler import SchedulerEmulator
 
 
 class Demo:
-    def __init__(self, out: TextIO = sys.stdout, metrics_port: int = 5678, keep: bool = False):
+    def __init__(self, out: TextIO = sys.stdout, metrics_port: int = 5678, keep: bool = False,
+                 nvml_lib: Path | None = None, once: bool = False):
         self.out = out
+        self.nvml_lib = nvml_lib
+        self.once = once
+        self.fake_nvml: Any = None  # FakeNvmlNode in the NVML flavour
+        self.nvml_backend: Any = None
         self.metrics_port = metrics_port
         self.keep = keep
         self.workdir = Path(tempfile.mkdtemp(prefix="gpumgr-demo-", dir="/tmp"))
@@ -63,22 +72,56 @@ class Demo:
         spec = resources.files("gpumgr") / "data" / "demo-node.yaml"
         with resources.as_file(spec) as spec_path:
             inventory = load_node_spec(spec_path)
+        if self.nvml_lib is not None:
+            inventory = self._start_nvml(inventory, self.nvml_lib)
         self.progress("starting the Kubernetes API test server and the kubelet emulator")
         if self.metrics_port and not _port_free(self.metrics_port):
             self.progress(f"port {self.metrics_port} is taken: serving /metric on a free port instead")
             self.metrics_port = 0
         addr = f"127.0.0.1:{self.metrics_port}"
         self.node = SimNode(self.workdir, inventory, node_name="demo-node", metrics_addr=addr)
+        if self.nvml_backend is not None:
+            self.node.backend = self.nvml_backend  # the agent reads the node through NVML
         await self.node.start(agent=False)
         self.progress("starting the node agent (device plugins vcore.sock / vmemory.sock, vDevice servers, /metric)")
         await self.node.start_agent()
         self.progress("starting the scheduler extender and a kube-scheduler stand-in")
-        self.extender = ExtenderServer(str(self.node.kubeconfig), policy="binpack")
+        self.extender = ExtenderServer(str(self.node.kubeconfig), policy="binpack", insecure=True,
+                                       scheduler_name="default-scheduler")
         port = await self.extender.start("127.0.0.1", 0)
         await self.extender.wait_ready(30)
         self.scheduler = SchedulerEmulator(f"http://127.0.0.1:{port}/gpumgr")
         await self._wait_extender_sees_node()
         self.progress(f"ready: node {self.node.node_name} with {inventory.count} x {inventory.gpus[0].name}")
+
+    def _start_nvml(self, inventory: Inventory, lib: Path) -> Inventory:
+        """The fake library simulates the demo node; the agent's backend is the real NVML one over it."""
+        from gpumgr.devices.fake_nvml_node import ENV, FakeNvmlNode
+        from gpumgr.devices.nvml import NvmlBackend
+
+        self.fake_nvml = FakeNvmlNode(self.workdir / "nvml", inventory).write()
+        os.environ[ENV] = str(self.fake_nvml.spec)
+        self.nvml_backend = NvmlBackend(library=str(lib))
+        discovered: Inventory = self.nvml_backend.inventory()
+        self.progress(f"agent on the real NVML binding (nvidia-ml-py) over the fake {lib}: "
+                      f"{discovered.count} GPUs, driver {discovered.driver_version}")
+        return discovered
+
+    def _xid(self, index: int, xid: int) -> None:
+        assert self.node
+        if self.fake_nvml is not None:
+            self.fake_nvml.xid(index, xid)
+            if xid == 79:  # XID 79: the card fell off the bus
+                self.fake_nvml.fall_off_bus(index)
+        else:
+            self.node.backend.inject_xid(index, xid)
+
+    def _recover(self, index: int) -> None:
+        assert self.node
+        if self.fake_nvml is not None:
+            self.fake_nvml.back_on_bus(index)  # reset: back on the bus, which NVML reports as recovered
+        else:
+            self.node.backend.recover(index)
 
     async def _wait_extender_sees_node(self) -> None:
         assert self.node
@@ -92,6 +135,8 @@ class Demo:
             await self.extender.stop()
         if self.node is not None:
             await self.node.stop()
+        if self.nvml_backend is not None:
+            self.nvml_backend.close()
         if not self.keep:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -146,14 +191,14 @@ class Demo:
         await self.submit("too-big", [("trainer", 300, 0)])
 
         self.step("GPU 7 reports XID 79 (fallen off the bus): it goes Unhealthy and takes no new pods")
-        self.node.backend.inject_xid(7, 79)
+        self._xid(7, 79)
         await self._wait(lambda: not self.node.agent.state.healthy(7))  # type: ignore[union-attr]
         self.show()
         await self.submit("after-xid", [("server", 100, 0)])
         self.show()
 
         self.step("GPU 7 recovers: back to Healthy")
-        self.node.backend.recover(7)
+        self._recover(7)
         await self._wait(lambda: self.node.agent.state.healthy(7))  # type: ignore[union-attr]
         self.show(tree=True)
 
@@ -187,7 +232,10 @@ class Demo:
         lines = [ln for ln in text.splitlines() if ln.startswith(wanted)]
         for ln in lines[:12]:
             self.say("  " + ln)
-        self.say(f"Prometheus metrics: {url}   (also /graph, /usage; try `gpumgr status --addr {base}`)")
+        if self.once:
+            self.say(f"Prometheus metrics: {url}   (also /graph, /usage)")
+        else:
+            self.say(f"Prometheus metrics: {url}   (also /graph, /usage; try `gpumgr status --addr {base}`)")
 
 
 def _port_free(port: int) -> bool:
@@ -201,8 +249,8 @@ def _port_free(port: int) -> bool:
     return True
 
 
-async def run_demo(once: bool, metrics_port: int, out: TextIO = sys.stdout) -> int:
-    demo = Demo(out=out, metrics_port=metrics_port)
+async def run_demo(once: bool, metrics_port: int, out: TextIO = sys.stdout, nvml_lib: Path | None = None) -> int:
+    demo = Demo(out=out, metrics_port=metrics_port, nvml_lib=nvml_lib, once=once)
     try:
         await demo.start()
         await demo.run_script()
@@ -217,5 +265,8 @@ async def run_demo(once: bool, metrics_port: int, out: TextIO = sys.stdout) -> i
             await stop.wait()
     finally:
         await demo.stop()
+    if once:
+        demo.say("The node, the agent and /metric stopped with the demo; run `gpumgr demo` without --once to keep "
+                 "them up and query them with `gpumgr status`.")
     demo.say("demo finished")
     return 0

@@ -57,11 +57,17 @@ class HealthRules:
         return []
 
     def on_status(self, status: GPUStatus) -> list[ReasonChange]:
-        """What a card's current status says about temperature (with hysteresis) and about being on the bus."""
+        """What a card's current status says about temperature (with hysteresis), about being on the bus, and,
+        where the backend counts them, about uncorrectable ECC errors (present while the counter is above 0)."""
         cfg, i = self.config, status.index
         out = []
         if cfg.enabled(LOST):
             out.append(ReasonChange(i, LOST, status.lost, "fell off the bus" if status.lost else "back on the bus"))
+        ecc = status.ecc_uncorrected
+        if cfg.enabled(ECC) and ecc is not None and not status.lost:
+            # The volatile counter only drops to 0 when the card is reset (or the driver reloaded).
+            out.append(ReasonChange(i, ECC, ecc > 0, f"{ecc} uncorrectable ECC error(s) counted"
+                                    if ecc > 0 else "ECC error counter back to 0 (card reset)"))
         t = status.temperature_c
         if cfg.enabled(TEMPERATURE) and t is not None:
             if t >= cfg.temp_unhealthy_c:

@@ -10,7 +10,7 @@ import re
 
 PCIE_RANK = {"PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
 ALIASES = {"SOC": "SYS", "CPU": "NODE"}
-_NV = re.compile(r"NV(\d+)")
+_NV = re.compile(r"NV([0-9]{1,3})")
 
 LevelKey = tuple[int, int]
 

@@ -26,7 +26,9 @@ ANN_GPU_MODEL_EXCLUDE = "gpumgr.io/gpu-model-exclude"  # pod: comma list of refu
 ANN_NODE_INVENTORY = "gpumgr.io/gpu-inventory"  # node: JSON published by the agent (see docs/annotations.md)
 
 
-_QUANTITY = re.compile(r"^([+]?)(\d+(?:\.\d*)?|\.\d+)(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?$")
+# ASCII digits only: Kubernetes quantities are ASCII, and Python's int() and \d would take "٣٠" or "３０" as 30
+_QUANTITY = re.compile(r"^([+]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+                       r"(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?\Z")
 _SUFFIX: dict[str, int | Fraction] = {
     "": 1, "m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
@@ -47,7 +49,8 @@ def quantity(value: Any) -> int:
         if not 0 <= value <= MAX_QUANTITY:
             raise ValueError(f"quantity out of range: {value!r}")
         return value
-    m = _QUANTITY.match(str(value).strip())
+    text = str(value)
+    m = _QUANTITY.match(text.strip()) if len(text) <= 64 else None
     if not m:
         raise ValueError(f"not a quantity: {value!r}")
     if len(m.group(2)) > 30:
@@ -108,10 +111,10 @@ def predicate_minors(pod: Mapping[str, Any], container_index: int) -> list[int] 
     raw = pod_annotations(pod).get(f"{ANN_PREDICATE_IDX}{container_index}")
     if raw is None or raw.strip() == "":
         return None
-    try:
-        return [int(x) for x in raw.split(",") if x.strip() != ""]
-    except ValueError:
-        return None
+    parts = [x.strip() for x in raw.split(",") if x.strip() != ""]
+    if len(parts) > 64 or not all(p.isascii() and p.isdigit() and len(p) <= 6 for p in parts):
+        return None  # only ASCII card minors; int() would also take Unicode digits
+    return [int(p) for p in parts]
 
 
 def model_filter(pod: Mapping[str, Any]) -> tuple[list[str], list[str]]:

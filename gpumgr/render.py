@@ -1,4 +1,5 @@
-"""Text renderings of a node for people: the topology tree with free capacity, and the card table."""
+"""Text renderings of a node for people: the topology tree with free capacity, the level matrix, and the card
+table (what is USED on each card, as `gpumgr status` counts it)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from gpumgr.devices.types import Inventory
 from gpumgr.topology import Topology, TreeNode
 
 
-def render_tree(topo: Topology, ledger: Ledger, inv: Inventory | None = None) -> str:
+def render_tree(topo: Topology, ledger: Ledger, inv: Inventory | None = None,
+                cordoned: frozenset[int] | None = None) -> str:
+    """The tree with free capacity per group; `cordoned` cards (no new pods) are marked CORDONED."""
     lines: list[str] = []
 
     def free_of(gpus: tuple[int, ...]) -> str:
@@ -20,7 +23,7 @@ def render_tree(topo: Topology, ledger: Ledger, inv: Inventory | None = None) ->
     def leaf(g: int) -> str:
         c = ledger.cards[g]
         name = f" {inv.gpus[g].name}" if inv else ""
-        health = "" if c.healthy else ", UNHEALTHY"
+        health = ("" if c.healthy else ", UNHEALTHY") + (", CORDONED" if cordoned and g in cordoned else "")
         names = sorted(holder_name(ledger, k) for k in c.holders)
         holders = f", holders: {', '.join(names)}" if c.holders else ""
         return (f"GPU{g}{name} ({c.mode}, cores {c.free_cores}/100, memory {c.free_memory_mib}/"
@@ -41,6 +44,21 @@ def render_tree(topo: Topology, ledger: Ledger, inv: Inventory | None = None) ->
     return "\n".join(lines)
 
 
+def render_levels(topo: Topology) -> str:
+    """The pairwise link levels as `nvidia-smi topo -m` lays them out, with each GPU's NUMA node when known."""
+    with_numa = any(n is not None for n in topo.numa)
+    head = ("", *(f"GPU{j}" for j in range(topo.n)), *(("NUMA",) if with_numa else ()))
+    rows: list[tuple[str, ...]] = [head]
+    for i in range(topo.n):
+        numa = ("-" if topo.numa[i] is None else str(topo.numa[i]),) if with_numa else ()
+        rows.append((f"GPU{i}", *topo.levels[i], *numa))
+    return table(rows)
+
+
+LEVEL_LEGEND = ("best to worst: NV# (# bonded NVLinks, more is better), PIX (one PCIe switch), PXB (several "
+                "switches), PHB (a host bridge), NODE (host bridges of one NUMA node), SYS (across sockets)")
+
+
 def holder_name(ledger: Ledger, key: str) -> str:
     """`namespace/pod/container` of an allocation when known (with `?` while unverified), else its key."""
     alloc = ledger.allocations.get(key)
@@ -52,15 +70,15 @@ def holder_name(ledger: Ledger, key: str) -> str:
 
 
 def render_cards(ledger: Ledger, inv: Inventory | None = None) -> str:
-    rows: list[tuple[str, ...]] = [("GPU", "MODEL", "MODE", "HEALTH", "FREE CORES", "FREE MEMORY", "HOLDERS")]
+    rows: list[tuple[str, ...]] = [("GPU", "MODEL", "MODE", "HEALTH", "CORES USED", "MEMORY ALLOCATED", "HOLDERS")]
     for c in ledger.cards:
         holders = ", ".join(
             f"{holder_name(ledger, k)} ({h.cores}c/{h.memory_mib}MiB)" for k, h in sorted(c.holders.items())
         ) or "-"
         rows.append((
             str(c.index), inv.gpus[c.index].name if inv else "-", c.mode,
-            "ok" if c.healthy else "UNHEALTHY", f"{c.free_cores}/100",
-            f"{c.free_memory_mib}/{c.memory_mib} MiB", holders,
+            "ok" if c.healthy else "UNHEALTHY", f"{100 - c.free_cores}/100",
+            f"{c.memory_mib - c.free_memory_mib}/{c.memory_mib} MiB", holders,
         ))
     return table(rows)
 

@@ -13,17 +13,27 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import networkx as nx
 
 from gpumgr import levels as lv
 
+if TYPE_CHECKING:
+    from gpumgr.devices.types import Inventory
+
 
 class Topology:
-    """Pairwise levels of N GPUs, with derived keys, costs, graph and tree."""
+    """Pairwise levels of N GPUs, with derived keys, costs, graph and tree, and each GPU's NUMA node when known.
 
-    def __init__(self, levels: Sequence[Sequence[str]]):
+    The NUMA node only breaks ties between choices whose links are equal (on an all-NVLink board every pair is
+    NV#, yet the cards hang off two sockets); where it is unknown (None) it changes nothing."""
+
+    def __init__(self, levels: Sequence[Sequence[str]], numa: Sequence[int | None] | None = None):
         n = len(levels)
+        if numa is not None and len(numa) != n:
+            raise ValueError(f"{len(numa)} NUMA nodes given for {n} GPUs")
+        self.numa: tuple[int | None, ...] = tuple(numa) if numa is not None else (None,) * n
         rows: list[tuple[str, ...]] = []
         for i, row in enumerate(levels):
             if len(row) != n:
@@ -41,6 +51,11 @@ class Topology:
             tuple(0.0 if i == j else lv.cost(rows[i][j]) for j in range(n)) for i in range(n)
         )
 
+    @classmethod
+    def of(cls, inv: Inventory) -> Topology:
+        """The topology of a node's inventory: its level matrix and each GPU's NUMA node."""
+        return cls(inv.levels, numa=[g.numa_node for g in inv.gpus])
+
     # -- pairwise -------------------------------------------------------------------------------------------
     def worst(self, gpus: Iterable[int]) -> lv.LevelKey:
         """Worst link key among a set (a single card has no link: (-1, 0))."""
@@ -50,6 +65,15 @@ class Topology:
     def total_cost(self, gpus: Iterable[int]) -> float:
         g = list(gpus)
         return sum(self.costs[a][b] for a, b in itertools.combinations(g, 2))
+
+    def numa_span(self, gpus: Iterable[int]) -> int:
+        """NUMA nodes a set of GPUs spans (those known): 1 is one socket, 0 when unknown."""
+        return len({self.numa[g] for g in gpus if self.numa[g] is not None})
+
+    def numa_peers(self, gpu: int, others: Iterable[int]) -> int:
+        """Of `others`, the GPUs on the same (known) NUMA node as `gpu`."""
+        mine = self.numa[gpu]
+        return 0 if mine is None else sum(1 for o in others if o != gpu and self.numa[o] == mine)
 
     def distinct_keys(self) -> list[lv.LevelKey]:
         return sorted({self.keys[i][j] for i in range(self.n) for j in range(self.n) if i != j})

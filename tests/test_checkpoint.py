@@ -10,6 +10,7 @@ import pytest
 
 from gpumgr.allocator import Allocation, Ledger
 from gpumgr.checkpoint import CheckpointError, CheckpointStore
+from gpumgr.vdevice.layout import allocation_key
 
 
 def ledger_with(*allocs: Allocation) -> Ledger:
@@ -19,8 +20,10 @@ def ledger_with(*allocs: Allocation) -> Ledger:
     return ledger
 
 
-A = Allocation("ns/a/main", (0, 1), 200, 0, {"pod_uid": "u1"})
-B = Allocation("ns/b/main", (2,), 30, 4096, {"pod_uid": "u2"})
+KA = allocation_key(["core-a-0", "core-a-1"])
+KB = allocation_key(["core-b-0"])
+A = Allocation(KA, (0, 1), 200, 0, {"pod_uid": "u1"})
+B = Allocation(KB, (2,), 30, 4096, {"pod_uid": "u2"})
 
 
 def test_round_trip_and_file_mode(tmp_path):
@@ -31,7 +34,7 @@ def test_round_trip_and_file_mode(tmp_path):
     assert loaded.snapshot is not None and not loaded.problems
     assert loaded.snapshot.ledger.to_json() == ledger_with(A, B).to_json()
     assert loaded.snapshot.node == "n1"
-    assert loaded.snapshot.ledger.allocations["ns/a/main"].meta == {"pod_uid": "u1"}
+    assert loaded.snapshot.ledger.allocations[KA].meta == {"pod_uid": "u1"}
 
 
 def test_previous_generation_is_kept_and_used_when_the_current_is_damaged(tmp_path):
@@ -43,7 +46,7 @@ def test_previous_generation_is_kept_and_used_when_the_current_is_damaged(tmp_pa
     store.path.write_bytes(data[: len(data) // 2])  # truncated
     res = CheckpointStore(tmp_path).load()
     assert res.fell_back and "not valid JSON" in res.problems[0]
-    assert res.snapshot is not None and set(res.snapshot.ledger.allocations) == {"ns/a/main"}
+    assert res.snapshot is not None and set(res.snapshot.ledger.allocations) == {KA}
 
 
 @pytest.mark.parametrize(
@@ -62,7 +65,7 @@ def test_corrupted_or_future_files_fall_back(tmp_path, damage, words):
     store.path.write_text(json.dumps(damage(doc)))
     res = CheckpointStore(tmp_path).load()
     assert words in res.problems[0] and str(store.path) in res.problems[0]
-    assert res.snapshot is not None and set(res.snapshot.ledger.allocations) == {"ns/a/main"}
+    assert res.snapshot is not None and set(res.snapshot.ledger.allocations) == {KA}
 
 
 def test_both_generations_bad_is_an_error_not_an_empty_ledger(tmp_path):
@@ -84,7 +87,7 @@ def test_an_over_committed_ledger_is_refused(tmp_path):
     store = CheckpointStore(tmp_path)
     store.save(ledger_with(A))
     doc = json.loads(store.path.read_text())
-    doc["ledger"]["allocations"].append({"key": "x", "cards": [0], "cores": 100, "memory_mib": 0})
+    doc["ledger"]["allocations"].append({"key": allocation_key(["x"]), "cards": [0], "cores": 100, "memory_mib": 0})
     from gpumgr.checkpoint import checksum
 
     doc.pop("checksum")
@@ -101,3 +104,188 @@ def test_generations_continue_after_a_restart(tmp_path):
     again = CheckpointStore(tmp_path)
     again.load()
     assert again.save(ledger_with(A, B)) == 3
+
+
+# -- hostile documents: every one is a bad generation (the agent falls back to .prev), never a crash ------------------
+def resign(doc: dict) -> str:
+    from gpumgr.checkpoint import checksum
+
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    return json.dumps({**body, "checksum": checksum(body)})
+
+
+def two_generations(tmp_path) -> CheckpointStore:
+    store = CheckpointStore(tmp_path)
+    store.save(ledger_with(A), node="n1")
+    store.save(ledger_with(A, B), node="n1")
+    return store
+
+
+HOSTILE = {
+    "deep-array": lambda doc: "[" * 200_000 + "]" * 200_000,
+    "deep-in-meta": lambda doc: resign({**doc, "ledger": {**doc["ledger"], "allocations": [
+        {**doc["ledger"]["allocations"][0], "meta": {"x": json.loads("[" * 500 + "]" * 500)}}]}}),
+    "generation-string": lambda doc: resign({**doc, "generation": "x"}),
+    "generation-bool": lambda doc: resign({**doc, "generation": True}),
+    "version-bool": lambda doc: resign({**doc, "version": True}),
+    "allocations-object": lambda doc: resign({**doc, "ledger": {**doc["ledger"], "allocations": {"a": 1}}}),
+    "cards-object": lambda doc: resign({**doc, "ledger": {**doc["ledger"], "cards": {"a": 1}}}),
+    "ledger-list": lambda doc: resign({**doc, "ledger": []}),
+    "allocation-string": lambda doc: resign({**doc, "ledger": {**doc["ledger"], "allocations": ["x"]}}),
+    "card-index-unicode": lambda doc: resign({**doc, "ledger": {**doc["ledger"], "cards": [
+        {"index": "٠", "memory_mib": 16384}]}}),
+    "meta-not-text": lambda doc: resign({**doc, "ledger": {**doc["ledger"], "allocations": [
+        {**doc["ledger"]["allocations"][0], "meta": {"pod_uid": {"nested": 1}}}]}}),
+    "huge-number": lambda doc: resign({**doc, "generation": 10**400}),
+    "node-number": lambda doc: resign({**doc, "node": 5}),
+    "not-utf8": lambda doc: "\udcff",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_a_malformed_current_generation_falls_back_to_the_previous(tmp_path, name):
+    store = two_generations(tmp_path)
+    doc = json.loads(store.path.read_text())
+    text = HOSTILE[name](doc)
+    store.path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    res = CheckpointStore(tmp_path).load()
+    assert res.fell_back, res.problems
+    assert res.snapshot is not None and res.snapshot.path == str(store.prev)
+    assert set(res.snapshot.ledger.allocations) == {KA}
+    assert len(res.problems) == 1 and str(store.path) in res.problems[0]
+
+
+def test_an_allocation_key_the_agent_cannot_use_is_a_bad_generation(tmp_path):
+    """`ns/pod/c` is a fine ledger key, but the agent names vDevice directories after keys: it would stop on it."""
+    store = two_generations(tmp_path)
+    doc = json.loads(store.path.read_text())
+    doc["ledger"]["allocations"][0]["key"] = "../../etc"
+    store.path.write_text(resign(doc))
+    res = CheckpointStore(tmp_path).load()
+    assert res.fell_back and "allocation key" in res.problems[0] and "../../etc" in res.problems[0]
+
+
+@pytest.mark.parametrize("field", ["created", "memory_units", "container_index", "answered_memory_mib"])
+def test_a_number_the_agent_reads_from_meta_must_be_a_number(tmp_path, field):
+    store = two_generations(tmp_path)
+    doc = json.loads(store.path.read_text())
+    doc["ledger"]["allocations"][0]["meta"][field] = "٣x"
+    store.path.write_text(resign(doc))
+    res = CheckpointStore(tmp_path).load()
+    assert res.fell_back and field in res.problems[0]
+
+
+def test_an_oversized_file_is_refused_without_parsing(tmp_path, monkeypatch):
+    import gpumgr.checkpoint as ck
+
+    store = two_generations(tmp_path)
+    monkeypatch.setattr(ck, "MAX_BYTES", 4096)
+    store.path.write_text(" " * 5000 + store.path.read_text())
+    res = CheckpointStore(tmp_path).load()
+    assert res.fell_back and "larger than 4096 bytes" in res.problems[0]
+
+
+def test_a_checkpoint_of_another_node_is_refused(tmp_path):
+    two_generations(tmp_path)
+    with pytest.raises(CheckpointError, match="written for node n1.*this is node n2"):
+        CheckpointStore(tmp_path).load(expected_node="n2")
+    assert CheckpointStore(tmp_path).load(expected_node="n1").snapshot is not None
+    assert CheckpointStore(tmp_path).load().snapshot is not None
+
+
+def test_dra_claim_keys_are_agent_keys(tmp_path):
+    store = CheckpointStore(tmp_path)
+    ledger = ledger_with(A)
+    ledger.assign(Allocation("dra/0f1e2d3c-aaaa-bbbb-cccc-1234567890ab/0", (3,), 20, 1024))
+    store.save(ledger, node="n1")
+    res = CheckpointStore(tmp_path).load()
+    assert not res.problems and len(res.snapshot.ledger.allocations) == 2
+
+
+# -- `gpumgr checkpoint verify|show`: the same rules as the agent, both generations, no tracebacks -------------------
+def cli(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "gpumgr.cli", "checkpoint", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize("name", ["deep-array", "generation-string", "allocations-object", "meta-not-text"])
+def test_verify_reports_both_generations_and_which_the_agent_loads(tmp_path, name):
+    store = two_generations(tmp_path)
+    store.path.write_text(HOSTILE[name](json.loads(store.path.read_text())))
+    p = cli("verify", str(tmp_path))
+    assert "Traceback" not in p.stderr and p.returncode == 1, p.stderr
+    assert f"{store.path}: BAD" in p.stdout
+    assert f"{store.prev}: ok (generation 1, 1 allocations" in p.stdout
+    assert f"the agent would load {store.prev} (generation 1)" in p.stdout
+
+
+def test_verify_refuses_what_the_agent_would_stop_on(tmp_path):
+    store = two_generations(tmp_path)
+    doc = json.loads(store.path.read_text())
+    doc["ledger"]["allocations"][0]["key"] = "default/p/main"
+    store.path.write_text(resign(doc))
+    store.prev.write_text(resign(doc))
+    p = cli("verify", str(store.path))
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "default/p/main" in p.stdout and "the agent would load nothing" in p.stdout
+
+
+def test_verify_all_good_and_another_node(tmp_path):
+    store = two_generations(tmp_path)
+    p = cli("verify", str(tmp_path), "--node", "n1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"{store.path}: ok (generation 2, 2 allocations" in p.stdout and f"{store.prev}: ok" in p.stdout
+    assert f"the agent would load {store.path} (generation 2)" in p.stdout
+    p = cli("verify", str(tmp_path), "--node", "n2")
+    assert p.returncode == 1 and "written for node n1" in p.stdout and "this is node n2" in p.stdout
+
+
+def test_show_says_what_is_used_and_does_not_claim_health(tmp_path):
+    two_generations(tmp_path)
+    p = cli("show", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    header = next(ln for ln in lines if ln.startswith("GPU"))
+    assert "CORES USED" in header and "MEMORY ALLOCATED" in header and "FREE" not in header
+    assert "HEALTH" not in header and " ok " not in p.stdout.replace(": ok", "")
+    assert "health is not stored" in p.stdout
+    row2 = next(ln for ln in lines if ln.startswith("2 "))
+    assert "30/100" in row2 and "4096/16384 MiB" in row2
+    row0 = next(ln for ln in lines if ln.startswith("0 "))
+    assert "100/100" in row0 and "16384/16384 MiB" in row0
+    row3 = next(ln for ln in lines if ln.startswith("3 "))
+    assert "0/100" in row3 and "0/16384 MiB" in row3
+
+
+def test_show_of_a_damaged_file_is_one_line_and_shows_what_the_agent_would_load(tmp_path):
+    store = two_generations(tmp_path)
+    store.path.write_text("[" * 100_000)
+    p = cli("show", str(tmp_path))
+    assert p.returncode == 0 and "Traceback" not in p.stderr
+    assert "generation 1" in p.stdout and str(store.prev) in p.stdout
+    assert str(store.path) in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    store.prev.write_text("{")
+    p = cli("show", str(tmp_path))
+    assert p.returncode == 1 and "Traceback" not in p.stderr and "no usable checkpoint" in p.stderr
+
+
+def test_verify_of_the_prev_file_reports_the_pair_and_a_missing_path_is_exit_2(tmp_path):
+    store = two_generations(tmp_path)
+    p = cli("verify", str(store.prev))
+    assert p.returncode == 0 and f"the agent would load {store.path} (generation 2)" in p.stdout
+    p = cli("verify", str(tmp_path / "nowhere"))
+    assert p.returncode == 2 and "no such file" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_after_a_fall_back_the_next_write_keeps_the_good_previous_generation(tmp_path):
+    store = two_generations(tmp_path)
+    store.path.write_text("[" * 1000)
+    again = CheckpointStore(tmp_path)
+    assert again.load().fell_back
+    again.save(ledger_with(A, B), node="n1")
+    gens = again.examine()
+    assert [g.problem for g in gens] == [None, None], gens  # the damaged file did not become `.prev`
+    assert gens[1].snapshot is not None and set(gens[1].snapshot.ledger.allocations) == {KA}

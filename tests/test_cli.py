@@ -87,7 +87,8 @@ def test_bad_topo_file_names_the_line(tmp_path):
 
 def test_checkpoint_show_and_verify(tmp_path):
     ledger = Ledger([16384] * 2)
-    ledger.assign(Allocation("default/p/main", (1,), 30, 1024))
+    ledger.assign(Allocation("a" + "0123456789abcdef01234567", (1,), 30, 1024,  # a key the agent makes
+                             {"namespace": "default", "pod": "p", "container": "main", "verified": "true"}))
     store = CheckpointStore(tmp_path)
     store.save(ledger, node="n1")
     p = gpumgr("checkpoint", "verify", str(store.path))
@@ -97,3 +98,62 @@ def test_checkpoint_show_and_verify(tmp_path):
     store.path.write_text(store.path.read_text().replace('"cores":30', '"cores":40'))
     p = gpumgr("checkpoint", "verify", str(store.path))
     assert p.returncode == 1 and "checksum mismatch" in p.stderr
+
+
+def test_topo_text_shows_the_link_levels_under_the_tree():
+    p = gpumgr("topo", "--topo-file", str(topo_path("p40")))
+    assert p.returncode == 0, p.stderr
+    tree, _, rest = p.stdout.partition("\n\n")
+    assert tree.startswith("ROOT")
+    lines = rest.splitlines()
+    assert lines[0].startswith("Link levels")
+    matrix = [ln.split() for ln in lines if ln.lstrip().startswith("GPU")]
+    assert matrix[0][:7] == [f"GPU{i}" for i in range(7)]
+    assert matrix[1][:8] == ["GPU0", "X", "PIX", "PIX", "PHB", "PHB", "PHB", "PHB"]
+    assert matrix[7][0] == "GPU6" and matrix[7][7] == "X"
+
+
+def test_topo_text_shows_numa_nodes_when_known():
+    p = gpumgr("topo", "--topo-file", str(topo_path("princeton-della-pli")))
+    assert p.returncode == 0, p.stderr
+    rows = {ln.split()[0]: ln.split() for ln in p.stdout.splitlines() if ln.strip().startswith(("GPU", "NUMA"))}
+    header = next(ln.split() for ln in p.stdout.splitlines() if ln.split()[:1] == ["GPU0"] and "X" not in ln)
+    assert header[-1] == "NUMA"
+    assert rows["GPU3"][-1] == "0" and rows["GPU4"][-1] == "1"
+
+
+def test_place_output_is_one_line_per_step_and_card(tmp_path):
+    wl = tmp_path / "w.json"
+    steps = [{"pod": "a", "vcuda_core": 200}, {"pod": "b", "vcuda_core": 30, "vcuda_memory": 4}, {"release": "a"}]
+    wl.write_text(json.dumps({"steps": steps}))
+    p = gpumgr("place", "--topo-file", str(topo_path("p40")), "--workload", str(wl))
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    lines = p.stdout.rstrip("\n").splitlines()
+    assert len(lines) == len(steps) + 7  # as docs/configuration.md shows it
+    assert lines[0].startswith('{"steps": [{"pod": "a", "gpus": [')
+    assert lines[3].startswith(' "cards": [{"index": 0, ')
+    for i, step in enumerate(doc["steps"]):
+        assert json.dumps(step) in lines[i]
+    for i, card in enumerate(doc["cards"]):
+        assert json.dumps(card) in lines[3 + i]
+
+
+def test_place_keeps_a_pair_on_one_numa_node(tmp_path):
+    wl = tmp_path / "w.json"
+    wl.write_text(json.dumps({"steps": [{"pod": p, "vcuda_core": 100} for p in "abc"]
+                             + [{"pod": "pair", "vcuda_core": 200}]}))
+    p = gpumgr("place", "--topo-file", str(topo_path("princeton-della-pli")), "--workload", str(wl))
+    assert p.returncode == 0, p.stderr
+    assert [s["gpus"] for s in json.loads(p.stdout)["steps"]] == [[0], [1], [2], [4, 5]]
+
+
+def test_a_share_when_every_card_is_held_whole_says_so(tmp_path):
+    wl = tmp_path / "w.json"
+    wl.write_text(json.dumps({"steps": [{"pod": "a", "vcuda_core": 200}, {"pod": "b", "vcuda_core": 30,
+                                                                           "vcuda_memory": 4}]}))
+    p = gpumgr("place", "--topo-file", str(topo_path("gtx")), "--workload", str(wl))
+    assert p.returncode == 0, p.stderr
+    err = json.loads(p.stdout)["steps"][1]["error"]
+    assert "shareable" not in err
+    assert "all 2 healthy cards are held whole" in err

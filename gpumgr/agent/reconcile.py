@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from gpumgr import binding, podspec
-from gpumgr.agent.service import AllocationService
+from gpumgr.agent.service import AllocationService, is_claim
 from gpumgr.agent.truth import apply_truths
 from gpumgr.allocator import Allocation, Ledger
 from gpumgr.deviceplugin import ids as devids
@@ -63,6 +63,8 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
     release: list[str] = []
     gone: list[tuple[str, str]] = []  # (key, owner uid) of allocations whose pod the cache no longer has
     for a in state.ledger.allocations.values():
+        if is_claim(a):  # a DRA claim's: its own front end answers for it
+            continue
         owner = owners.get(a.key)
         uid = owner[0] if owner else (a.meta.get("pod_uid") if a.meta.get("verified") == "true" else None)
         if uid:
@@ -86,9 +88,17 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
         if uid not in live:
             continue
         have = state.ledger.held_by(key)
-        if have is not None and have.meta.get("pod_uid") == uid and have.meta.get("container") == cname:
-            continue
         pod = pods[uid]
+        if have is not None and is_claim(have):
+            continue
+        if have is not None and have.meta.get("pod_uid") == uid and have.meta.get("container") == cname:
+            if have.meta.get("verified") == "true" or (pod.get("status") or {}).get("phase") != "Running":
+                continue
+            # the kubelet names this owner and the container runs, so its PreStart was passed: a ledger that lost
+            # that (an older checkpoint generation after a torn write) verifies it again, and its server restarts
+            restore.append(replace(have, meta={**{k: v for k, v in have.meta.items() if k != "guess_of"},
+                                               "verified": "true"}))
+            continue
         ask = binding.find_container(pod, cname)
         if ask is None:
             continue
@@ -105,8 +115,8 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
     restore = _group_reuse(restore, owners)
     # a container riding on a reservation that is gone (its pod's other container was freed) reserves again
     for a in state.ledger.allocations.values():
-        if not a.reserve and a.meta.get("rides_on") not in state.ledger.allocations and a.key not in release \
-                and all(r.key != a.key for r in restore):
+        if not a.reserve and not is_claim(a) and a.meta.get("rides_on") not in state.ledger.allocations \
+                and a.key not in release and all(r.key != a.key for r in restore):
             restore.append(replace(a, reserve=True, meta={k: v for k, v in a.meta.items() if k != "rides_on"}))
     if restore:
         def apply(ledger: Ledger) -> None:
@@ -121,7 +131,7 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
     running = service.vdevices.running()
     for a in list(state.ledger.allocations.values()):
         uid = a.meta.get("pod_uid", "")
-        if a.meta.get("verified") != "true" or uid not in live:
+        if is_claim(a) or a.meta.get("verified") != "true" or uid not in live:
             continue
         limits = service.limits_for(a, pods[uid])
         if running.get(a.key) != limits:

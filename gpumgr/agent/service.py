@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpumgr import binding, podspec, vdriver
+from gpumgr.agent import guess
 from gpumgr.agent.errors import PluginError
 from gpumgr.agent.state import NodeState
 from gpumgr.agent.truth import apply_truths
@@ -36,6 +37,10 @@ log = logging.getLogger("gpumgr.agent")
 CANDIDATE_WAIT_S = 5.0  # how long Allocate waits for the pending pod to show up in the API
 WATCH_LAG_S = 0.3  # how long Allocate waits for the pod watch before listing pods live
 OWNER_WAIT_S = 3.0  # how long PreStart waits for the kubelet checkpoint to name the owner
+MEMORY_HINT_S = 10.0  # a vcuda-memory Allocate tells the next vcuda-core Allocate its memory for this long
+NAMELESS_GRACE_S = 5.0  # an allocation made for no known pod is not judged dead before this age
+FAIL_REASON = "GPUAllocationUnfit"  # pod condition and event reason when a pod is failed at PreStart
+CLAIM_PREFIX = "dra/"  # ledger keys of DRA claims: counted as used, never freed or repaired by this front end
 
 
 class PodSource(Protocol):
@@ -50,6 +55,9 @@ class Annotator(Protocol):
         ...
 
     async def record_event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
+        ...
+
+    async def fail_pod(self, namespace: str, name: str, reason: str, message: str) -> bool:
         ...
 
 
@@ -74,6 +82,16 @@ class AllocationService:
         self._api_slots = asyncio.Semaphore(4)  # background API calls at once (they run in threads)
         self._index_of = {g.uuid: g.index for g in inv.gpus}
         self._kubelet_cache: tuple[tuple[int, int, int], KubeletCheckpoint] | None = None
+        self._advertised = {"c": {d for ids in self._core_ids.values() for d in ids},
+                            "m": {d for ids in self._mem_ids.values() for d in ids}}
+        # vcuda-memory units of the container being admitted, when its memory Allocate came before its core one
+        # (when, units, kubelet checkpoint stamp then); the kubelet writes its checkpoint once a container's
+        # resources are all allocated (or its admission failed), so a changed stamp means the hint is stale
+        self._memory_hint: tuple[float, int, tuple[int, int, int] | None] | None = None
+        # a core Allocate is waiting for its container's memory Allocate (the checkpoint stamp then), or None
+        self._open_core: tuple[int, int, int] | None | bool = False
+        self.unsafe_refusals = 0  # Allocates refused because any answer could strand the pod being admitted
+        self.prestart_failures = 0  # pods failed at PreStart because they could not be made to fit
 
     # -- ListAndWatch ---------------------------------------------------------------------------------------
     def devices(self, kind: str) -> list[pb.Device]:
@@ -99,8 +117,8 @@ class AllocationService:
             must_cards = sorted(devids.cards_of(inv, must, kind))
         except devids.BadDeviceID as e:
             raise PluginError.invalid(str(e)) from None
-        cands = await self._visible_candidates(size) if kind == "c" else []
-        cards = self._planned_cards(kind, size, cands)
+        self._check_advertised(must, kind)
+        cards = await self._planned_cards(kind, size)
         if must_cards:  # devices reused from an init container: stay on their card(s) first
             cards = tuple(must_cards) + tuple(c for c in (cards or ()) if c not in must_cards)
         chosen = list(must)
@@ -119,27 +137,38 @@ class AllocationService:
 
     def _group(self, device_ids: list[str], kind: str) -> dict[int, list[str]]:
         out: dict[int, list[str]] = {}
+        advertised = self._advertised[kind]
         for d in device_ids:
-            uuid, sep, rest = d.rpartition(devids.SEP)
+            uuid, sep, _rest = d.rpartition(devids.SEP)
             index = self._index_of.get(uuid)
-            if not sep or index is None or not rest.startswith(kind):
+            if not sep or index is None or d not in advertised:
                 raise devids.BadDeviceID(f"{d!r} is not a device of this plugin on this node")
             out.setdefault(index, []).append(d)
         return out
 
-    def _planned_cards(self, kind: str, size: int, cands: list[binding.Candidate]) -> tuple[int, ...] | None:
-        ledger = self.state.ledger
+    def _check_advertised(self, device_ids: list[str], kind: str) -> None:
+        advertised = self._advertised[kind]
+        bad = [d for d in device_ids if d not in advertised]
+        if bad:
+            raise PluginError.invalid(f"{bad[0]!r} was never advertised by this plugin "
+                                      f"({len(bad)} such device ID(s) in the request)")
+
+    async def _planned_cards(self, kind: str, size: int) -> tuple[int, ...] | None:
+        """Cards on which every pending pod the kubelet could be admitting fits (see guess.py)."""
         if kind == "c":
-            cand = cands[0] if cands else None
-            if cand and cand.recorded and ledger.problem(self._allocation_for(cand, cand.recorded, "probe")) is None:
-                return cand.recorded
-            memory = cand.ask.memory_units * self.state.memory_unit_mib if cand else self.state.memory_unit_mib
-            try:
-                return choose(self.state.topology, ledger, Request(size, memory if size < 100 else 0)).cards
-            except (InvalidRequest, NoFit):
-                return None
+            ckpt = await self._kubelet_checkpoint_or_none()
+            await self._settle(ckpt)
+            ledger = self.state.ledger  # after settling (a commit replaces the ledger)
+            cands = await self._visible_candidates(size, ckpt)
+            if not cands:
+                try:
+                    return choose(self.state.topology, ledger,
+                                  Request(size, self.state.memory_unit_mib if size < 100 else 0)).cards
+                except (InvalidRequest, NoFit):
+                    return None
+            return guess.plan(self.state.topology, ledger, cands, self.state.memory_unit_mib).cards
         # vcuda-memory: the card of the container's vcuda-core allocation, when it was made first
-        for a in reversed(list(ledger.allocations.values())):
+        for a in reversed(list(self.state.ledger.allocations.values())):
             if a.meta.get("verified") != "true" and a.cores < 100:
                 mem_units = int(a.meta.get("memory_units", "-1"))
                 if mem_units == size:
@@ -162,22 +191,76 @@ class AllocationService:
     async def _allocate_core(self, device_ids: list[str]) -> tuple[pb.ContainerAllocateResponse, bool]:
         cards, cores = self._check_core_ids(device_ids)
         key = allocation_key(device_ids)
+        ckpt = await self._kubelet_checkpoint_or_none()
+        await self._settle(ckpt)
+        hint = self._take_memory_hint()  # in every path: a hint left unused would be taken by the next container
         existing = self.state.ledger.held_by(key)
-        if existing is not None:  # the kubelet asking again for the same IDs: same answer
-            return self._response(existing), False
+        dead: list[Allocation] = []
+        if existing is not None:
+            dead = await self._dead_holders([existing], ckpt)
+            if not dead:
+                app = self._app_reusing(existing, ckpt, cores)
+                if app is None:  # the kubelet asking again for the same IDs: same answer
+                    return self._response(existing), False
+                return await self._hand_on(existing, app), False
         shim = vdriver.shim_path(Path(self.config.response.shim_dir))
         if cores < 100 and not shim.is_file():
             raise PluginError.precondition(f"the vCUDA shim is not installed at {shim}: a fractional container "
                                            "would run with no limits (check --shim-source)", "no_shim")
-        cand = await self._guess(cores, cards)
-        alloc = self._allocation_for(cand, cards, key, ids=device_ids) if cand else Allocation(
-            key=key, cards=cards, cores=cores, memory_mib=0 if cores >= 100 else self.state.memory_unit_mib,
-            meta={"verified": "false", "created": str(int(time.time()))})
+        cands = await self._guess_candidates(cores, ckpt)
+        unit = self.state.memory_unit_mib
+        verdict: guess.Verdict | None = None
+        reused = self._reuse_base(set(device_ids), dead)
+        if reused is not None:  # IDs of the pod's init container: it is that pod, and it needs the larger of the two
+            dead = [*dead, reused]  # judged as if free (the change below records both in one reservation)
+            cands = [c for c in cands if c.uid == reused.meta.get("pod_uid")] or cands
+        if cands:
+            trial = self._without(dead)
+            verdict = guess.judge(self.state.topology, trial, cands, cards, unit)
+            if not verdict.safe:  # the kubelet may hand out IDs the ledger still counts for a pod that is gone
+                more = await self._dead_holders(self._holders_on(cards, skip=dead), ckpt)
+                if more:
+                    dead += more
+                    trial = self._without(dead)
+                    verdict = guess.judge(self.state.topology, trial, cands, cards, unit)
+            if not verdict.here:
+                problem = trial.problem(self._allocation_for(cands[0], cards, "\x00probe"))
+                raise PluginError.exhausted(
+                    f"no pending pod asking vcuda-core={cores} fits on cards {list(cards)} ({problem}); the "
+                    "kubelet's view of free devices differs from the agent's")
+            if not verdict.safe:
+                self.unsafe_refusals += 1
+                names = ", ".join(f"{c.namespace}/{c.name}" for c in verdict.stranded_if_chosen[:5])
+                log.warning("allocate: refused cards %s for vcuda-core=%d: the kubelet may be admitting %s, which "
+                            "would not fit there (refusals so far: %d)", list(cards), cores, names,
+                            self.unsafe_refusals)
+                raise PluginError.precondition(
+                    f"cards {list(cards)} cannot hold every pending pod asking vcuda-core={cores} (not {names}); "
+                    "refusing rather than starting a pod that could not fit: its owner will recreate it",
+                    "unsafe_guess")
+        named = self._narrow_by_memory(list(verdict.here), units=hint) if verdict else []
+        cand = binding.pick(named, cards) if verdict else None
         if cand is None and cores < 100:
             raise PluginError.precondition(
                 f"no pending pod on node {self.state.node_name} asks vcuda-core={cores}; cannot tell how much memory "
                 "to give (is the pod bound to this node and visible to the agent?)", "no_pod")
-        change = self._with_reuse(alloc, set(device_ids))
+        if cand is not None and verdict is not None:
+            alloc = self._allocation_for(cand, cards, key, ids=device_ids)
+            meta = dict(alloc.meta)
+            certain = verdict.certain_memory_mib(unit)
+            if hint is not None and any(c.ask.memory_units == hint for c in verdict.here):
+                certain = memory_of_units(cand, unit)  # its vcuda-memory Allocate said how much
+            if certain is not None:
+                meta["answered_memory_mib"] = str(certain)
+            if len(verdict.here) > 1:
+                meta["guess_of"] = str(len(verdict.here))
+            alloc = replace(alloc, memory_mib=verdict.reserve_mib(unit) if cores < 100 else 0, meta=meta)
+        else:
+            alloc = Allocation(key=key, cards=cards, cores=cores, memory_mib=0,
+                               meta={"verified": "false", "created": str(int(time.time()))})
+        if reused is not None:
+            dead.remove(reused)
+        change = self._with_reuse(alloc, set(device_ids), dead)
         try:
             await self.state.run_io(self.layout.prepare, key)  # the mount must exist before anyone is answered
             await self.state.commit(change)
@@ -186,10 +269,53 @@ class AllocationService:
         except OSError as e:
             raise PluginError.precondition(f"cannot record the allocation, nothing allocated: {e}", "checkpoint") \
                 from None
-        log.info("allocate: cards %s cores %d memory %d MiB key %s for %s/%s container %s (guess)", list(cards),
-                 cores, alloc.memory_mib, key, alloc.meta.get("namespace", "?"), alloc.meta.get("pod", "?"),
-                 alloc.meta.get("container", "?"))
+        for d in dead:
+            if d.key != key:
+                await self.vdevices.stop(d.key)
+            log.info("allocate: freed cards %s of %s/%s container %s (key %s): the kubelet no longer records it "
+                     "and its pod is gone or finished", list(d.cards), d.meta.get("namespace", "?"),
+                     d.meta.get("pod", "?"), d.meta.get("container", "?"), d.key)
+        log.info("allocate: cards %s cores %d memory %d MiB key %s for %s/%s container %s (guess among %d)",
+                 list(cards), cores, alloc.memory_mib, key, alloc.meta.get("namespace", "?"),
+                 alloc.meta.get("pod", "?"), alloc.meta.get("container", "?"), len(verdict.here) if verdict else 0)
         return self._response(alloc), True
+
+    def _app_reusing(self, existing: Allocation, ckpt: KubeletCheckpoint | None, cores: int) -> Allocation | None:
+        """When the kubelet hands exactly an init container's IDs (which its checkpoint records for that init
+        container) to an app container of the same pod: the app container's allocation under the same key."""
+        if existing.meta.get("init") != "true" or ckpt is None:
+            return None
+        pod = self.pods.get(existing.meta.get("pod_uid", ""))
+        if pod is None:
+            return None
+        inits = {c.get("name") for c in (pod.get("spec") or {}).get("initContainers") or []}
+        named = [e for e in ckpt.entries if e.resource_name == podspec.RESOURCE_CORE
+                 and allocation_key(e.device_ids) == existing.key]
+        if not named or any(e.container_name not in inits for e in named):
+            return None
+        apps = [a for a in podspec.gpu_containers(pod) if a.cores == cores
+                and (str(pod["metadata"]["uid"]), a.name) not in self._taken(ckpt)]
+        if not apps:
+            return None
+        alloc = self._allocation_for(binding.Candidate(pod, apps[0], None, ()), existing.cards, existing.key)
+        return replace(alloc, meta={**alloc.meta, "answered_memory_mib": str(alloc.memory_mib)})
+
+    async def _hand_on(self, init: Allocation, app: Allocation) -> pb.ContainerAllocateResponse:
+        def change(ledger: Ledger) -> None:
+            if ledger.held_by(init.key) != init:
+                raise LedgerError(f"{init.key} changed while being handed on")
+            ledger.release(init.key)
+            ledger.assign(app)
+
+        try:
+            await self.state.commit(change)
+        except LedgerError as e:
+            raise PluginError.exhausted(f"cannot hand cards {list(init.cards)} on to {app.meta.get('pod')} container "
+                                        f"{app.meta.get('container')}: {e}") from None
+        log.info("allocate: %s/%s container %s takes over the devices of init container %s (key %s)",
+                 app.meta.get("namespace"), app.meta.get("pod"), app.meta.get("container"),
+                 init.meta.get("container"), init.key)
+        return self._response(app)
 
     def allocate_memory(self, device_ids: list[str]) -> pb.ContainerAllocateResponse:
         try:
@@ -198,16 +324,147 @@ class AllocationService:
             raise PluginError.invalid(str(e)) from None
         if not device_ids:
             raise PluginError.invalid("no device IDs in the request")
+        self._check_advertised(device_ids, "m")
+        stamp = self._kubelet_stamp()
+        if self._open_core is not False and self._open_core == stamp:  # core came first: same container's memory
+            self._memory_hint = None
+        else:  # memory first: the next core Allocate is for a container asking this much
+            self._memory_hint = (time.monotonic(), len(device_ids), stamp)
+        self._open_core = False
         return pb.ContainerAllocateResponse()
 
-    def _with_reuse(self, alloc: Allocation, ids: set[str]) -> Callable[[Ledger], None]:
-        """How to record `alloc`. The kubelet hands an app container devices its pod's init container already
-        holds (all of them plus more, or some of them): the pod then needs the larger of the two on those cards,
-        not the sum. The larger reserves, with the memory of both; the other rides on it."""
-        base = next((a for a in self.state.ledger.allocations.values()
-                     if a.reserve and a.meta.get("ids") and ids & set(a.meta["ids"].split(","))), None)
+    def _take_memory_hint(self) -> int | None:
+        hint, self._memory_hint = self._memory_hint, None
+        stamp = self._kubelet_stamp()
+        self._open_core = stamp if hint is None else False
+        if hint is None or time.monotonic() - hint[0] > MEMORY_HINT_S or hint[2] != stamp:
+            return None
+        return hint[1]
+
+    def _kubelet_stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.config.kubelet_checkpoint)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    @staticmethod
+    def _narrow_by_memory(cands: list[binding.Candidate], units: int | None) -> list[binding.Candidate]:
+        """Only the candidates asking the memory the kubelet just allocated, when that is known (and any match).
+        Used to name the owner and its memory, never to decide what is safe or what to reserve."""
+        if units is None:
+            return cands
+        same = [c for c in cands if c.ask.memory_units == units]
+        return same or cands
+
+    def _reuse_base(self, ids: set[str], dead: list[Allocation]) -> Allocation | None:
+        """The reserving allocation of an init container whose devices the kubelet hands on (same pod)."""
+        gone = {d.key for d in dead}
+        return next((a for a in self.state.ledger.allocations.values()
+                     if a.key not in gone and a.reserve and a.meta.get("ids")
+                     and ids & set(a.meta["ids"].split(","))), None)
+
+    def _without(self, dead: list[Allocation]) -> Ledger:
+        trial = self.state.ledger.copy()
+        for d in dead:
+            trial.release(d.key)
+        return trial
+
+    def _holders_on(self, cards: tuple[int, ...], skip: list[Allocation]) -> list[Allocation]:
+        gone = {d.key for d in skip}
+        return [a for a in self.state.ledger.allocations.values()
+                if a.key not in gone and set(a.cards) & set(cards)]
+
+    async def _dead_holders(self, allocs: list[Allocation], ckpt: KubeletCheckpoint | None) -> list[Allocation]:
+        """Of `allocs`, those the kubelet does not record and whose pod is gone or finished (from a fresh list):
+        the kubelet's word decides, so their devices are free. DRA claims are never judged here."""
+        if ckpt is None:
+            return []
+        recorded = {allocation_key(e.device_ids) for e in ckpt.entries if e.resource_name == podspec.RESOURCE_CORE}
+        now = time.time()
+        maybe = [a for a in allocs if not is_claim(a) and a.key not in recorded
+                 and (a.meta.get("pod_uid") or now - float(a.meta.get("created", "0") or 0) > NAMELESS_GRACE_S)]
+        if not maybe:
+            return []
+        live = await self.pods.live_uids()
+        if live is None:
+            return []
+        return [a for a in maybe if a.meta.get("pod_uid", "") not in live]
+
+    async def _settle(self, ckpt: KubeletCheckpoint | None) -> None:
+        """Guesses the kubelet checkpoint already names the owner of (admitted, not yet started) take that owner
+        and its own memory now, so that what they reserved for the other pods they could have been is free for
+        the next admission. They stay unverified until their PreStartContainer."""
+        if ckpt is None:
+            return
+        ledger = self.state.ledger
+        listed: dict[str, list[tuple[str, str]]] = {}
+        for e in ckpt.entries:
+            if e.resource_name == podspec.RESOURCE_CORE:
+                listed.setdefault(allocation_key(e.device_ids), []).append((e.pod_uid, e.container_name))
+        truths: list[Allocation] = []
+        for k, owners in listed.items():
+            have = ledger.held_by(k)
+            if have is None or is_claim(have) or not have.reserve or have.meta.get("verified") == "true":
+                continue
+            pod = self.pods.get(owners[0][0])
+            if pod is None:
+                continue
+            _, cname = binding.app_owner(owners, pod)
+            if _identity(have) == (str(pod["metadata"]["uid"]), cname) and "guess_of" not in have.meta:
+                continue
+            ask = binding.find_container(pod, cname)
+            if ask is None or ask.cores != have.cores:
+                continue
+            truth = self._allocation_for(binding.Candidate(pod, ask, None, ()), have.cards, k)
+            meta = {**truth.meta, "answered_memory_mib": have.meta.get("answered_memory_mib", ""),
+                    "ids": have.meta.get("ids", "")}
+            riders = [a.memory_mib for a in ledger.allocations.values() if a.meta.get("rides_on") == k]
+            truths.append(replace(truth, memory_mib=max([truth.memory_mib, *riders]) if ask.cores < 100 else 0,
+                                  meta={m: v for m, v in meta.items() if v}))
+        if not truths:
+            return
+        recorded = set(listed)
+
+        def settle(ledger: Ledger) -> list[str]:
+            return apply_truths(ledger, truths, recorded)
+
+        conflicts = await self.state.commit(settle)
+        log.info("allocate: the kubelet checkpoint names the owners of %d guessed allocation(s); settled (%d "
+                 "conflicts)", len(truths), len(conflicts))
+        for t, why in zip([t for t in truths if self.state.ledger.held_by(t.key) != t], conflicts, strict=False):
+            # the kubelet admitted a container where it cannot run: fail its pod now rather than at its start
+            pod = self.pods.get(t.meta.get("pod_uid", ""))
+            if pod is not None:
+                await self._fail_pod(pod, t.meta.get("container", "?"), t.key,
+                                     f"does not fit on cards {list(t.cards)}: {why}")
+
+    async def _kubelet_checkpoint_or_none(self) -> KubeletCheckpoint | None:
+        try:
+            return await self.kubelet_checkpoint()
+        except KubeletCheckpointError as e:
+            log.warning("kubelet checkpoint unreadable (%s): guessing from the ledger alone", e)
+            return None
+
+    def _with_reuse(self, alloc: Allocation, ids: set[str], dead: list[Allocation]) -> Callable[[Ledger], None]:
+        """How to record `alloc` (after freeing `dead`, the holders the kubelet has let go). The kubelet hands an
+        app container devices its pod's init container already holds (all of them plus more, or some of them):
+        the pod then needs the larger of the two on those cards, not the sum. The larger reserves, with the memory
+        of both; the other rides on it."""
+        gone = {d.key: d for d in dead}
+
+        def free_dead(ledger: Ledger) -> None:
+            for k, d in gone.items():
+                if ledger.held_by(k) == d:
+                    ledger.release(k)
+
+        base = self._reuse_base(ids, dead)
         if base is None:
-            return lambda ledger: ledger.assign(alloc)
+            def plain(ledger: Ledger) -> None:
+                free_dead(ledger)
+                ledger.assign(alloc)
+
+            return plain
         old = set(base.meta["ids"].split(","))
         if ids >= old:
             primary = replace(alloc, memory_mib=max(alloc.memory_mib, base.memory_mib) if alloc.cores < 100 else 0)
@@ -220,6 +477,7 @@ class AllocationService:
         log.info("allocate: %s reuses the devices of %s (same pod): one reservation for both", alloc.key, base.key)
 
         def change(ledger: Ledger) -> None:
+            free_dead(ledger)
             if ledger.held_by(base.key) != base:  # changed while we waited for the lock: record plainly
                 ledger.assign(alloc)
                 return
@@ -236,6 +494,7 @@ class AllocationService:
             per_card = devids.cards_of(self.state.inventory, device_ids, "c")
         except devids.BadDeviceID as e:
             raise PluginError.invalid(str(e)) from None
+        self._check_advertised(device_ids, "c")
         cores = len(device_ids)
         cards = tuple(sorted(per_card))
         if cores > 100 and cores % 100:
@@ -247,34 +506,45 @@ class AllocationService:
             raise PluginError.invalid(f"{cores} vcuda-core IDs span cards {list(cards)}; a share must be on one card")
         return cards, cores
 
-    async def _visible_candidates(self, cores: int) -> list[binding.Candidate]:
+    async def _visible_candidates(self, cores: int, ckpt: KubeletCheckpoint | None) -> list[binding.Candidate]:
         """Pending pods asking `cores`, after giving a pod bound a moment ago the time to reach the watch (and
         listing pods live once if it has not)."""
         loop = asyncio.get_running_loop()
         start = loop.time()
         while True:
-            cands = binding.candidates(self.pods.pods(), self.state.inventory, cores, self._taken())
+            cands = binding.candidates(self.pods.pods(), self.state.inventory, cores, self._taken(ckpt))
             if cands or loop.time() - start > WATCH_LAG_S:
                 break
             await asyncio.sleep(0.01)
         if not cands:
             await self._refresh_quietly()
-            cands = binding.candidates(self.pods.pods(), self.state.inventory, cores, self._taken())
+            cands = binding.candidates(self.pods.pods(), self.state.inventory, cores, self._taken(ckpt))
         return cands
 
-    async def _guess(self, cores: int, cards: tuple[int, ...]) -> binding.Candidate | None:
-        """The pending pod this allocation is most likely for; waits up to CANDIDATE_WAIT_S for it to appear."""
+    async def _guess_candidates(self, cores: int, ckpt: KubeletCheckpoint | None) -> list[binding.Candidate]:
+        """The pending containers this allocation could be for; waits up to CANDIDATE_WAIT_S for one to appear."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CANDIDATE_WAIT_S
-        cand = binding.pick(await self._visible_candidates(cores), cards)
-        while cand is None and loop.time() < deadline:
+        cands = await self._visible_candidates(cores, ckpt)
+        while not cands and loop.time() < deadline:
             await asyncio.sleep(0.2)
-            cand = binding.pick(binding.candidates(self.pods.pods(), self.state.inventory, cores, self._taken()),
-                                cards)
-        return cand
+            cands = binding.candidates(self.pods.pods(), self.state.inventory, cores, self._taken(ckpt))
+        return cands
 
-    def _taken(self) -> set[tuple[str, str]]:
-        return {_identity(a) for a in self.state.ledger.allocations.values()}
+    def _taken(self, ckpt: KubeletCheckpoint | None = None) -> set[tuple[str, str]]:
+        """Containers that already hold devices: those the kubelet records, verified ones, and guesses that were
+        certain (a guess among several pods names none of them for sure)."""
+        out = set()
+        recorded = set()
+        for e in ckpt.entries if ckpt is not None else ():
+            if e.resource_name == podspec.RESOURCE_CORE:
+                pod = self.pods.get(e.pod_uid)
+                out.add((str(pod["metadata"]["uid"]) if pod else e.pod_uid, e.container_name))
+                recorded.add(allocation_key(e.device_ids))
+        for a in self.state.ledger.allocations.values():
+            if a.meta.get("verified") == "true" or ("guess_of" not in a.meta and a.key not in recorded):
+                out.add(_identity(a))  # (where the kubelet names the holder, its word counts, not the guess)
+        return out
 
     def _allocation_for(self, cand: binding.Candidate, cards: tuple[int, ...], key: str,
                         verified: bool = False, ids: list[str] | None = None) -> Allocation:
@@ -291,10 +561,24 @@ class AllocationService:
         return Allocation(key=key, cards=tuple(cards), cores=ask.cores, memory_mib=memory, meta=meta)
 
     def _response(self, alloc: Allocation) -> pb.ContainerAllocateResponse:
+        """The answer; its `tencent.com/vcuda-memory` annotation is the container's own memory when that is known
+        for sure (whole cards, a verified owner, or every pod it could be asks the same), and absent otherwise:
+        never another pod's value (docs/annotations.md)."""
         gpus = [self.state.inventory.gpus[c] for c in alloc.cards]
-        mem_bytes = (alloc.memory_mib if alloc.cores < 100 else sum(g.memory_mib for g in gpus)) << 20
-        return response.build(self.config.response, gpus, alloc.cores, mem_bytes, self.layout.dir_for(alloc.key),
-                              alloc.key)
+        known: int | None
+        if alloc.cores >= 100:
+            known = sum(g.memory_mib for g in gpus)
+        elif "answered_memory_mib" in alloc.meta:
+            known = int(alloc.meta["answered_memory_mib"])
+        elif alloc.meta.get("verified") == "true" and alloc.meta.get("memory_units", "").isdigit():
+            known = int(alloc.meta["memory_units"]) * self.state.memory_unit_mib
+        else:
+            known = None
+        resp = response.build(self.config.response, gpus, alloc.cores, (known or 0) << 20,
+                              self.layout.dir_for(alloc.key), alloc.key)
+        if known is None:
+            del resp.annotations[response.ANN_MEMORY]
+        return resp
 
     # -- PreStartContainer ----------------------------------------------------------------------------------
     async def prestart_core(self, device_ids: list[str]) -> None:
@@ -308,11 +592,41 @@ class AllocationService:
         if pod is None:
             raise PluginError.precondition(f"pod {uid} (owner of these devices per the kubelet) is not on node "
                                            f"{self.state.node_name} in the API", "no_pod")
+        phase = (pod.get("status") or {}).get("phase")
+        if phase in ("Failed", "Succeeded"):
+            raise PluginError.precondition(f"pod {pod['metadata'].get('namespace')}/{pod['metadata'].get('name')} "
+                                           f"is {phase} ({(pod.get('status') or {}).get('message', '')}); its "
+                                           "containers are not started", "finished")
         try:
             await self._verify(pod, container, cards, cores, key, ckpt)
         except PluginError as e:
-            self._background(self._warn(pod, "GPUPreStartFailed", e.message))
+            if e.reason == "no_fit":  # it would fail at every retry: fail the pod so that its owner recreates it
+                await self._fail_pod(pod, container, key, e.message)
+            else:
+                self._background(self._warn(pod, "GPUPreStartFailed", e.message))
             raise
+
+    async def _fail_pod(self, pod: Mapping[str, Any], container: str, key: str, why: str) -> None:
+        """A container that can never be given what it asks: the pod is marked Failed with a condition and an event
+        that say why and what to do, and everything the pod holds is freed."""
+        self.prestart_failures += 1
+        meta = pod["metadata"]
+        uid = str(meta["uid"])
+        message = (f"container {container}: {why}. The GPU share it was admitted with cannot hold it; delete the pod "
+                   "(its controller recreates it) so that it is admitted again where it fits")
+        log.error("prestart: failing pod %s/%s: %s (failures so far: %d)", meta.get("namespace"), meta.get("name"),
+                  message, self.prestart_failures)
+        mine = [a.key for a in self.state.ledger.allocations.values()
+                if (a.meta.get("pod_uid") == uid or a.key == key) and not is_claim(a)]
+        await self.release(mine, "its pod was failed at PreStartContainer")
+        if self.annotator is not None:
+            async with self._api_slots:
+                await self.annotator.record_event(pod, FAIL_REASON, message)
+                try:
+                    await self.annotator.fail_pod(str(meta.get("namespace", "default")), str(meta["name"]),
+                                                  FAIL_REASON, message)
+                except Exception as e:  # noqa: BLE001 - the event and the refusal still tell the user
+                    log.warning("could not mark pod %s/%s Failed: %s", meta.get("namespace"), meta.get("name"), e)
 
     async def _verify(self, pod: Mapping[str, Any], container: str, cards: tuple[int, ...],
                       cores: int, key: str, ckpt: KubeletCheckpoint) -> None:
@@ -327,8 +641,12 @@ class AllocationService:
         truth = self._allocation_for(cand, cards, key, verified=True)
         current = self.state.ledger.held_by(key)
         if current is not None and _identity(current) == _identity(truth):
-            # the guess was right: keep its reservation (shared with a reusing container, if any), mark it verified
-            truth = replace(current, meta={**current.meta, "verified": "true"})
+            # the guess was right: keep its reservation if a reusing container rides on it, else shrink what was
+            # reserved for the other pods it could have been to the container's own ask; mark it verified
+            riders = [a.memory_mib for a in self.state.ledger.allocations.values() if a.meta.get("rides_on") == key]
+            memory = max([truth.memory_mib, *riders]) if current.reserve and cores < 100 else current.memory_mib
+            truth = replace(current, memory_mib=memory, meta={
+                **{k: v for k, v in current.meta.items() if k != "guess_of"}, "verified": "true"})
         if current is None or current != truth:
             if current is not None and _identity(current) != _identity(truth):
                 log.warning("prestart: allocation %s was guessed for %s/%s container %s; the kubelet says %s/%s "
@@ -514,6 +832,15 @@ class AllocationService:
     def _observe(self, t0: float, ok: bool, reason: str = "") -> None:
         if self.events is not None:
             self.events.observe_allocate(time.perf_counter() - t0, ok, reason)
+
+
+def memory_of_units(cand: binding.Candidate, unit_mib: int) -> int:
+    return 0 if cand.ask.cores >= 100 else cand.ask.memory_units * unit_mib
+
+
+def is_claim(a: Allocation) -> bool:
+    """A DRA claim's holding: the device-plugin side counts it as used and never frees, adopts or repairs it."""
+    return a.key.startswith(CLAIM_PREFIX)
 
 
 def _identity(a: Allocation) -> tuple[str, str]:

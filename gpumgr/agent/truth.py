@@ -39,5 +39,6 @@ def apply_truths(ledger: Ledger, truths: list[Allocation], recorded: Collection[
 def _make_room(ledger: Ledger, want: Allocation, recorded: Collection[str]) -> None:
     """The kubelet's record wins over allocations it never recorded: free those on the wanted cards."""
     for a in list(ledger.allocations.values()):
-        if a.key not in recorded and a.meta.get("verified") != "true" and set(a.cards) & set(want.cards):
+        if a.key not in recorded and a.meta.get("verified") != "true" and not a.key.startswith("dra/") \
+                and set(a.cards) & set(want.cards):
             ledger.release(a.key)

@@ -1,10 +1,13 @@
 """Choosing cards: the ledger of what is held, and the link / fragment / share evaluators.
 
-`choose` is a pure function of (topology, ledger, request): it never changes the ledger.
+`choose` is a pure function of (topology, ledger, request[, allowed cards, policy]): it never changes the ledger.
+The allowed cards and the policy come from the pod's annotations and the node's cordon (gpumgr/choices.py);
+without them the choice is the default one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from gpumgr.allocator.errors import NoFit
@@ -13,26 +16,35 @@ from gpumgr.allocator.ledger import Allocation, CardState, Holding, Ledger, Ledg
 from gpumgr.allocator.link import choose_link
 from gpumgr.allocator.request import HUNDRED, InvalidRequest, Request
 from gpumgr.allocator.share import choose_share
+from gpumgr.choices import DEFAULT_POLICY, POLICIES, Policy
 from gpumgr.topology import Topology
 
 __all__ = [
-    "HUNDRED", "Allocation", "CardState", "Holding", "InvalidRequest", "Ledger", "LedgerError", "NoFit",
-    "Placement", "Request", "choose",
+    "DEFAULT_POLICY", "HUNDRED", "Allocation", "CardState", "Holding", "InvalidRequest", "Ledger", "LedgerError",
+    "NoFit", "Placement", "Policy", "Request", "choose",
 ]
 
 
-def choose(topo: Topology, ledger: Ledger, req: Request) -> Placement:
-    """Cards for `req` on this node. Raises InvalidRequest (never satisfiable) or NoFit (not now)."""
+def choose(topo: Topology, ledger: Ledger, req: Request, allowed: Collection[int] | None = None,
+           policy: Policy = DEFAULT_POLICY) -> Placement:
+    """Cards for `req` on this node, only among `allowed` (None: any card), ordered by `policy`.
+    Raises InvalidRequest (never satisfiable) or NoFit (not now, or not on the allowed cards)."""
     if topo.n != len(ledger):
         raise ValueError(f"topology has {topo.n} cards, ledger {len(ledger)}")
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
     req.validate(len(ledger), ledger.largest_card_mib())
+    if allowed is not None:
+        allowed = frozenset(allowed)
+        if not allowed:
+            raise NoFit("no card of this node may be used (per-pod card choices or cordon)")
     kind = req.evaluator
     if kind == "link":
-        cards = choose_link(topo, ledger, req.cards_needed)
+        cards = choose_link(topo, ledger, req.cards_needed, allowed)
     elif kind == "fragment":
-        cards = choose_fragment(topo, ledger)
+        cards = choose_fragment(topo, ledger, allowed, policy)
     else:
-        cards = choose_share(topo, ledger, req)
+        cards = choose_share(topo, ledger, req, allowed, policy)
     return Placement(cards=cards, evaluator=kind)
 
 

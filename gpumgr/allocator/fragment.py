@@ -1,14 +1,23 @@
 """fragment: one whole free card, taken where it breaks the fewest good groups.
 
-The card whose links to the other free cards are worst (the most isolated) goes first; ties go to the snuggest
-tree group, then the lowest number. Large well-connected free groups stay intact for link requests.
+The card whose links to the other free cards are worst (the most isolated) goes first; ties go to the card with
+the fewest free cards on its NUMA node, then the snuggest tree group, then the lowest number. Large
+well-connected free groups (and whole NUMA nodes) stay intact for link requests. This is the `binpack` and
+`topology` policy (and the default).
+
+`spread` takes the free card farthest from the cards already in use (its links to the busy cards are the worst),
+so pods land on different switches and sockets; ties are broken by the order above. `allowed` (per-pod choices
+and the node's cordon, gpumgr/choices.py) narrows the cards it may take; all free cards still count in the scores.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from gpumgr.allocator.candidates import free_cards, group_pressure, isolation
 from gpumgr.allocator.errors import NoFit
 from gpumgr.allocator.ledger import Ledger
+from gpumgr.choices import DEFAULT_POLICY, Policy
 from gpumgr.topology import Topology
 
 
@@ -17,15 +26,32 @@ def rank_free(topo: Topology, free: list[int]) -> list[int]:
 
     def score(c: int) -> tuple[object, ...]:
         iso = isolation(topo, c, free)
-        return (tuple((-a, -b) for a, b in iso), group_pressure(topo, c, free), c)
+        return (tuple((-a, -b) for a, b in iso), topo.numa_peers(c, free), group_pressure(topo, c, free), c)
 
     return sorted(free, key=score)
 
 
-def choose_fragment(topo: Topology, ledger: Ledger) -> tuple[int, ...]:
+def rank_spread(topo: Topology, ledger: Ledger, free: list[int]) -> list[int]:
+    """Free cards, farthest from the busy (held) cards first; ties in `rank_free` order."""
+    busy = [c.index for c in ledger.cards if c.mode != "free"]
+    order = {c: r for r, c in enumerate(rank_free(topo, free))}
+
+    def score(c: int) -> tuple[object, ...]:
+        near = isolation(topo, c, busy)  # links to busy cards, best first: larger means farther away
+        return (tuple((-a, -b) for a, b in near), order[c])
+
+    return sorted(free, key=score)
+
+
+def choose_fragment(topo: Topology, ledger: Ledger, allowed: Collection[int] | None = None,
+                    policy: Policy = DEFAULT_POLICY) -> tuple[int, ...]:
     free = free_cards(ledger)
-    if not free:
+    usable = free if allowed is None else [c for c in free if c in allowed]
+    if not usable:
+        if free:
+            raise NoFit(f"needs 1 free whole card; {len(free)} free, none of them allowed")
         unhealthy = sum(1 for c in ledger.cards if not c.healthy)
         busy = len(ledger.cards) - unhealthy
         raise NoFit(f"needs 1 free whole card, none free ({busy} in use, {unhealthy} unhealthy)")
-    return (rank_free(topo, free)[0],)
+    ranked = rank_spread(topo, ledger, free) if policy == "spread" else rank_free(topo, free)
+    return (next(c for c in ranked if allowed is None or c in allowed),)

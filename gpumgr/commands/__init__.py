@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-COMMANDS = ("topo", "place", "checkpoint", "run", "extender", "demo", "status")
+COMMANDS = ("topo", "place", "checkpoint", "run", "extender", "demo", "status", "webhook")
 
 
 def register_all(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

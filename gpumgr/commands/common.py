@@ -14,21 +14,42 @@ def env_default(flag: str, default: str | None) -> str | None:
     return os.environ.get("GPUMGR_" + flag.lstrip("-").upper().replace("-", "_"), default)
 
 
+def whole_number(text: str) -> int:
+    """An argparse type: ASCII digits only (int() alone would also take "١٦٣٨٤")."""
+    t = text.strip()
+    if not (t.isascii() and t.lstrip("-").isdigit()) or len(t) > 18:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text[:40]!r}")
+    return int(t)
+
+
 def add_node_source(p: argparse.ArgumentParser, gpu_memory: bool = True) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--topo-file", metavar="F", help="text of `nvidia-smi topo -m`")
     src.add_argument("--node-spec", metavar="F", help="node spec (YAML or JSON) of a simulated node")
     if gpu_memory:
-        p.add_argument("--gpu-memory-mib", type=int, default=16384, metavar="MIB",
-                       help="memory per GPU with --topo-file (default 16384)")
+        p.add_argument("--gpu-memory-mib", type=whole_number, default=None, metavar="MIB",
+                       help="memory per GPU with --topo-file (a topo -m text has none; assumed 16384)")
+        p.add_argument("--gpu-model", default=None, metavar="NAME",
+                       help="GPU model with --topo-file (a topo -m text has none; assumed 'unknown model (assumed)')")
 
 
 def load_inventory(args: argparse.Namespace) -> Inventory:
-    from gpumgr.devices.spec import inventory_from_topo_file, load_node_spec
+    import sys
+
+    from gpumgr.devices.spec import ASSUMED_MODEL, DEFAULT_MEMORY_MIB, inventory_from_topo_file, load_node_spec
 
     if args.topo_file:
-        mem = getattr(args, "gpu_memory_mib", 16384)
-        if mem <= 0:
+        mem = getattr(args, "gpu_memory_mib", None)
+        model = getattr(args, "gpu_model", None)
+        if mem is not None and mem <= 0:
             raise InputError(f"--gpu-memory-mib must be positive, got {mem}")
-        return inventory_from_topo_file(args.topo_file, memory_mib=mem)
+        if model is not None and (not model.strip() or len(model) > 256 or not model.isprintable()):
+            raise InputError(f"--gpu-model must be 1 to 256 printable characters, got {model[:40]!r}")
+        inv = inventory_from_topo_file(args.topo_file, memory_mib=mem or DEFAULT_MEMORY_MIB,
+                                       model=model or ASSUMED_MODEL)
+        if mem is None or model is None:
+            print(f"gpumgr {args.command}: note: {args.topo_file} names no GPU model or memory; assuming "
+                  f"{model or ASSUMED_MODEL!r} with {mem or DEFAULT_MEMORY_MIB} MiB per card "
+                  "(--gpu-model, --gpu-memory-mib)", file=sys.stderr)
+        return inv
     return load_node_spec(args.node_spec)

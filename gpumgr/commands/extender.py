@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from gpumgr.commands.common import env_default
 
 POLICIES = ("binpack", "spread")  # gpumgr.extender.score.POLICIES, without importing it at start-up
+DEFAULT_SCHEDULER = "gpumgr-scheduler"  # gpumgr.extender.binder.DEFAULT_SCHEDULER
+DEFAULT_MAX_BODY = 1024 * 1024  # gpumgr.extender.body: the defaults of Limits
+DEFAULT_HEADER_TIMEOUT = 15.0
+DEFAULT_BODY_TIMEOUT = 10.0
+DEFAULT_MAX_CONNECTIONS = 128
+AUTH_FLAGS = "--tls-cert-file, --tls-key-file and --client-ca-file"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 READY_TIMEOUT = 600.0  # seconds for the first list of nodes and pods before giving up
 
@@ -24,7 +31,34 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--policy", default=env_default("--policy", "binpack"),
                    help="prioritize: binpack (fuller cards and nodes first, the default) or spread")
     p.add_argument("--log-level", default=env_default("--log-level", "info"), help="debug, info, warning, error")
+    p.add_argument("--tls-cert-file", default=env_default("--tls-cert-file", ""), metavar="FILE",
+                   help="serve HTTPS with this certificate (PEM); needs --tls-key-file")
+    p.add_argument("--tls-key-file", default=env_default("--tls-key-file", ""), metavar="FILE",
+                   help="private key (PEM) of --tls-cert-file")
+    p.add_argument("--client-ca-file", default=env_default("--client-ca-file", ""), metavar="FILE",
+                   help="require a client certificate signed by this CA (PEM) on every connection")
+    p.add_argument("--insecure-serve-without-auth", action="store_true",
+                   default=_truthy(env_default("--insecure-serve-without-auth", "")),
+                   help="serve without client certificates (plain HTTP unless --tls-cert-file): anyone who can "
+                   "reach the port can bind pods; demos and tests only. Logged as a warning")
+    p.add_argument("--scheduler-name", default=env_default("--scheduler-name", DEFAULT_SCHEDULER), metavar="NAME",
+                   help=f"bind only pods whose spec.schedulerName is NAME (default {DEFAULT_SCHEDULER})")
+    p.add_argument("--max-body-bytes", default=env_default("--max-body-bytes", str(DEFAULT_MAX_BODY)), metavar="N",
+                   help=f"largest request body, after decompression (default {DEFAULT_MAX_BODY}: 1 MiB)")
+    p.add_argument("--header-timeout", default=env_default("--header-timeout", str(DEFAULT_HEADER_TIMEOUT)),
+                   metavar="S", help="seconds for a request's headers, and idle connections "
+                   f"(default {DEFAULT_HEADER_TIMEOUT:g})")
+    p.add_argument("--body-timeout", default=env_default("--body-timeout", str(DEFAULT_BODY_TIMEOUT)),
+                   metavar="S", help=f"seconds for a request's whole body (default {DEFAULT_BODY_TIMEOUT:g})")
+    p.add_argument("--max-connections", default=env_default("--max-connections", str(DEFAULT_MAX_CONNECTIONS)),
+                   metavar="N", help=f"open connections at once; more get 503 (default {DEFAULT_MAX_CONNECTIONS})")
+    p.add_argument("--probe-listen", default=env_default("--probe-listen", ""), metavar="HOST:PORT",
+                   help="also serve /healthz and /readyz (only) on plain HTTP here, for kubelet probes")
     p.set_defaults(func=run)
+
+
+def _truthy(text: str | None) -> bool:
+    return str(text or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,23 +80,69 @@ def run(args: argparse.Namespace) -> int:
         prefix = normalize_prefix(args.url_prefix)
     except ValueError as e:
         raise InputError(str(e)) from None
+    limits = _limits(args)
+    tls = _tls(args)
+    probe = parse_listen(args.probe_listen, "--probe-listen") if args.probe_listen else None
     import asyncio
 
-    return asyncio.run(_serve(args.kubeconfig, args.policy, prefix, host, port))
+    return asyncio.run(_serve(args, prefix, host, port, limits, tls, probe))
 
 
-def parse_listen(text: str) -> tuple[str, int]:
+def _limits(args: argparse.Namespace) -> Any:
+    from gpumgr.docfile import InputError
+    from gpumgr.extender.body import Limits
+
+    values: dict[str, Any] = {}
+    for flag, key, kind in (("--max-body-bytes", "max_body_bytes", int), ("--header-timeout", "header_timeout",
+                            float), ("--body-timeout", "body_timeout", float),
+                            ("--max-connections", "max_connections", int)):
+        text = getattr(args, key)
+        try:
+            values[key] = kind(text)
+        except ValueError:
+            raise InputError(f"{flag} {text!r}: expected {'a whole number' if kind is int else 'seconds'}") from None
+    try:
+        return Limits(**values)
+    except ValueError as e:
+        raise InputError(str(e).replace("max_body_bytes", "--max-body-bytes")
+                         .replace("max_connections", "--max-connections")) from None
+
+
+def _tls(args: argparse.Namespace) -> Any:
+    """The server's SSL context, or None (only with --insecure-serve-without-auth)."""
+    from gpumgr.docfile import InputError
+
+    cert, key, ca = args.tls_cert_file, args.tls_key_file, args.client_ca_file
+    if bool(cert) != bool(key):
+        raise InputError("--tls-cert-file and --tls-key-file go together")
+    if not args.insecure_serve_without_auth and not (cert and ca):
+        raise InputError(f"refusing to serve without client authentication: give {AUTH_FLAGS} "
+                         "(or --insecure-serve-without-auth for a demo or a test)")
+    if ca and not cert:
+        raise InputError("--client-ca-file needs --tls-cert-file and --tls-key-file")
+    if not cert:
+        return None
+    from gpumgr.extender.tls import TlsSettingsError, server_context
+
+    try:
+        return server_context(cert, key, ca)
+    except TlsSettingsError as e:
+        raise InputError(str(e)) from None
+
+
+def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
     """`HOST:PORT`, `:PORT` or `[v6]:PORT` → (host, port); raises InputError naming the flag."""
     from gpumgr.docfile import InputError
 
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InputError(f"--listen {text!r}: expected HOST:PORT with a port from 1 to 65535")
+        raise InputError(f"{flag} {text!r}: expected HOST:PORT with a port from 1 to 65535")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)
 
 
-async def _serve(kubeconfig: str, policy: str, prefix: str, host: str, port: int) -> int:
+async def _serve(args: argparse.Namespace, prefix: str, host: str, port: int, limits: Any, tls: Any,
+                 probe: tuple[str, int] | None) -> int:
     import asyncio
     import gc
     import logging
@@ -71,7 +151,10 @@ async def _serve(kubeconfig: str, policy: str, prefix: str, host: str, port: int
     from gpumgr.extender.server import ExtenderServer
 
     log = logging.getLogger("gpumgr.extender")
-    server = ExtenderServer(kubeconfig, policy=policy, prefix=prefix)
+    kubeconfig = args.kubeconfig
+    server = ExtenderServer(kubeconfig, policy=args.policy, prefix=prefix, limits=limits, tls=tls,
+                            insecure=args.insecure_serve_without_auth, scheduler_name=args.scheduler_name,
+                            probe=probe)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

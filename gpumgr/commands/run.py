@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from gpumgr.agent.config import AgentConfig
-from gpumgr.commands.common import env_default
+from gpumgr.commands.common import env_default, whole_number
 
 log = logging.getLogger("gpumgr")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     opt("--device-plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet device-plugin directory")
     opt("--vdevice-root", "/etc/gpu-manager/vm", "host directory of the per-container vDevice directories")
     opt("--checkpoint-dir", "/etc/gpu-manager/checkpoint", "directory of gpumgr's own checkpoint")
-    opt("--memory-unit-mib", "256", "MiB per tencent.com/vcuda-memory unit", type=int)
+    opt("--memory-unit-mib", "256", "MiB per tencent.com/vcuda-memory unit", type=whole_number)
     opt("--simulate", "", "node spec (YAML/JSON): use the simulated GPU backend instead of NVML")
     opt("--driver-root", "/usr/lib/x86_64-linux-gnu", "host directory of the NVIDIA driver libraries")
     opt("--shim-dir", "/etc/gpu-manager/vdriver", "host directory the agent fills with lib64/libvcuda.so and "
@@ -39,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     opt("--shim-source", "/usr/local/lib/gpumgr/libvcuda.so", "the shim in the agent's image, copied to --shim-dir")
     opt("--nvml-lib", "", "libnvidia-ml.so.1 for the agent itself (e.g. under /host/usr/lib/...); empty = the "
         "loader's search path")
+    opt("--sysfs-root", "/sys", "the host's /sys (the NVML backend reads each GPU's NUMA node from "
+        "bus/pci/devices/<bus id>/numa_node there)")
     opt("--dev-root", "/dev", "where the agent looks for /dev/nvidia-uvm*")
     opt("--proc-root", "/proc", "the host's /proc (host PIDs)")
     opt("--cgroup-root", "/sys/fs/cgroup", "the host's cgroup mount")
@@ -47,10 +49,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     opt("--unrecorded-grace", "60", "seconds an allocation the kubelet never recorded is kept before it is freed",
         type=float)
     opt("--health-ignore-xids", "13,31,43,45,68,109", "application XIDs that do not make a card unhealthy")
-    opt("--temp-unhealthy", "95", "temperature (C) at which a card turns unhealthy", type=int)
-    opt("--temp-healthy", "90", "temperature (C) below which it is healthy again", type=int)
+    opt("--temp-unhealthy", "95", "temperature (C) at which a card turns unhealthy", type=whole_number)
+    opt("--temp-healthy", "90", "temperature (C) below which it is healthy again", type=whole_number)
     opt("--label-prefix", "gpumgr.io/", "prefix of the node labels")
     opt("--log-level", "info", "debug, info, warning, error")
+    opt("--mode", "device-plugin", "front ends: device-plugin, dra (DRA driver) or both (one ledger for both)")
+    opt("--dra-driver-name", "vgpu.gpumgr.io", "DRA driver name (ResourceSlices, CDI, kubelet registration)")
+    opt("--cdi-dir", "/var/run/cdi", "dynamic CDI spec directory the DRA driver writes claim specs to")
+    opt("--dra-plugin-dir", "", "directory of the DRA socket dra.sock (default /var/lib/kubelet/plugins/<driver>)")
+    opt("--plugins-registry-dir", "/var/lib/kubelet/plugins_registry", "kubelet plugin registration directory "
+        "(the DRA registration socket <driver>-reg.sock)")
     p.add_argument("--cdi", action="store_true",
                    default=str(env_default("--cdi", "")).strip().lower() in ("1", "true", "yes", "on"),
                    help="also answer Allocate with CDI device names (env GPUMGR_CDI)")
@@ -59,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from(args)
-    return asyncio.run(_main(cfg))
+    return asyncio.run(_main(cfg, sysfs_root=str(args.sysfs_root)))
 
 
 def config_from(args: argparse.Namespace) -> AgentConfig:
@@ -70,8 +78,8 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
     if not args.node_name:
         raise InputError("--node-name (or env GPUMGR_NODE_NAME / NODE_NAME) is required")
     try:
-        xids = tuple(int(x) for x in str(args.health_ignore_xids).split(",") if x.strip())
-    except ValueError:
+        xids = tuple(whole_number(x) for x in str(args.health_ignore_xids).split(",") if x.strip())
+    except (ValueError, argparse.ArgumentTypeError):
         raise InputError(f"--health-ignore-xids must be a comma list of numbers, got {args.health_ignore_xids!r}") \
             from None
     if args.log_level not in LOG_LEVELS:
@@ -88,6 +96,7 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
     host, _, port = str(args.metrics_addr).rpartition(":")
     if not host or not port.isdigit():
         raise InputError(f"--metrics-addr must be HOST:PORT, got {args.metrics_addr!r}")
+    dra = dra_settings(args)
     return AgentConfig(
         node_name=args.node_name, kubeconfig=args.kubeconfig, device_plugin_dir=Path(args.device_plugin_dir),
         vdevice_root=Path(args.vdevice_root), checkpoint_dir=Path(args.checkpoint_dir),
@@ -96,11 +105,34 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
         dev_root=Path(args.dev_root), proc_root=Path(args.proc_root), cgroup_root=Path(args.cgroup_root),
         metrics_addr=args.metrics_addr, check_period_s=args.check_period, grace_s=args.unrecorded_grace,
         health_ignore_xids=xids, temp_unhealthy_c=args.temp_unhealthy, temp_healthy_c=args.temp_healthy,
-        label_prefix=args.label_prefix, cdi=bool(args.cdi),
+        label_prefix=args.label_prefix, cdi=bool(args.cdi), extra=dra,
     )
 
 
-async def _main(cfg: AgentConfig) -> int:
+def dra_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The DRA flags, checked, as `AgentConfig.extra` (read back by gpumgr.dra.config.from_agent_config)."""
+    import re
+
+    from gpumgr.docfile import InputError
+    from gpumgr.dra.config import MODES
+
+    mode = str(getattr(args, "mode", "device-plugin"))
+    if mode not in MODES:
+        raise InputError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+    driver = str(getattr(args, "dra_driver_name", "vgpu.gpumgr.io"))
+    if len(driver) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+", driver):
+        raise InputError(f"--dra-driver-name must be a DNS subdomain with a dot (e.g. vgpu.gpumgr.io), got {driver!r}")
+    plugin_dir = str(getattr(args, "dra_plugin_dir", "") or f"/var/lib/kubelet/plugins/{driver}")
+    registry = str(getattr(args, "plugins_registry_dir", "/var/lib/kubelet/plugins_registry"))
+    for flag, path in (("--dra-plugin-dir", f"{plugin_dir}/dra.sock"),
+                       ("--plugins-registry-dir", f"{registry}/{driver}-reg.sock")):
+        if len(path.encode()) >= 108:
+            raise InputError(f"{flag}: socket path {path} is longer than a unix socket allows (107 bytes)")
+    return {"mode": mode, "dra_driver_name": driver, "cdi_dir": str(getattr(args, "cdi_dir", "/var/run/cdi")),
+            "dra_plugin_dir": plugin_dir, "plugins_registry_dir": registry}
+
+
+async def _main(cfg: AgentConfig, sysfs_root: str = "/sys") -> int:
     from gpumgr.agent.daemon import Agent
     from gpumgr.devices.backend import Backend
     from gpumgr.devices.types import DiscoveryError
@@ -114,7 +146,7 @@ async def _main(cfg: AgentConfig) -> int:
     else:
         from gpumgr.devices.nvml import NvmlBackend
 
-        backend = NvmlBackend(library=cfg.nvml_lib or None)
+        backend = NvmlBackend(library=cfg.nvml_lib or None, sysfs_root=sysfs_root)
     try:
         kube = KubeClient.connect(cfg.kubeconfig or None)
     except Exception as e:  # noqa: BLE001 - one clear line instead of a traceback

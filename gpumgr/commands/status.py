@@ -83,13 +83,13 @@ def render_status(usage: dict[str, Any], graph: dict[str, Any]) -> str:
         parts = [
             f"Node {usage.get('node', '?')}",
             "",
-            cards_table(usage["cards"]),
+            cards_table(usage["cards"]) + cordon_note(usage),
             "",
             holders_table(usage["holders"]),
             "",
             tree_table(graph["tree"]),
         ]
-    except (KeyError, TypeError, IndexError) as e:
+    except (KeyError, TypeError, IndexError, ValueError) as e:
         raise AgentUnreachable(f"the agent's answer lacks {e} (agent and CLI versions differ?)") from None
     return "\n".join(parts)
 
@@ -98,16 +98,35 @@ def cards_table(cards: list[dict[str, Any]]) -> str:
     from gpumgr.render import table
 
     rows: list[tuple[str, ...]] = [("GPU", "MODEL", "HEALTH", "MODE", "CORES USED", "MEMORY ALLOCATED", "MEMORY USED",
-                                    "UTIL", "TEMP", "HOLDERS")]
-    for c in cards:
+                                    "UTIL", "TEMP", "HOLDERS", "CORDONED")]
+    for c in sorted(cards, key=lambda c: int(c["index"])):
         health = "ok" if c["healthy"] else "UNHEALTHY " + ",".join(c.get("unhealthy_reasons") or [])
         rows.append((
             str(c["index"]), str(c["model"]), health.strip(), str(c["mode"]),
             f"{c['allocated_cores']}/100", f"{c['allocated_memory_mib']}/{c['memory_mib']} MiB",
             _opt(c.get("used_memory_mib"), " MiB"), _opt(c.get("utilization"), "%"),
-            _opt(c.get("temperature_c"), " C"), str(len(c.get("holders") or [])),
+            _opt(c.get("temperature_c"), " C"), str(len(c.get("holders") or [])), _cordoned(c.get("cordoned")),
         ))
     return table(rows)
+
+
+def cordon_note(usage: dict[str, Any]) -> str:
+    """Below the card table: what a cordon means, or why the cordon annotation was not understood."""
+    from gpumgr.choices import ANN_CORDON
+
+    error = usage.get("cordon_error")
+    if error:
+        return (f"\nCORDONED yes on every card: the node annotation {ANN_CORDON} is not understood, so no card takes "
+                f"new pods until it is fixed: {str(error)[:300]}")
+    if any(c.get("cordoned") is True for c in usage["cards"]):
+        return f"\nCORDONED yes: the card takes no new pods ({ANN_CORDON}); its holders keep running"
+    return ""
+
+
+def _cordoned(value: Any) -> str:
+    if value is None:
+        return "-"  # the agent does not follow the cordon annotation (or predates it)
+    return "yes" if value else "no"
 
 
 def holders_table(holders: list[dict[str, Any]]) -> str:
@@ -117,15 +136,28 @@ def holders_table(holders: list[dict[str, Any]]) -> str:
         return "No holders."
     rows: list[tuple[str, ...]] = [("NAMESPACE", "POD", "CONTAINER", "GPUS", "CORES", "MEMORY", "VERIFIED", "PIDS",
                                     "MEMORY USED", "UTIL")]
-    for h in holders:
+    waiting = False
+    for h in sorted(holders, key=_holder_order):
         u = h.get("usage") or {}
-        pids = str(len(h.get("pids") or [])) if not h.get("pids_error") else f"0 ({h['pids_error']})"
+        pids = str(len(h["pids"])) if h.get("pids") else "-"
+        waiting = waiting or pids == "-"
         rows.append((
             h["namespace"] or "-", h["pod"], h["container"] or "-", ",".join(str(i) for i in h["cards"]),
             str(h["cores"]), f"{h['request_memory_mib']} MiB", "yes" if h["verified"] else "no", pids,
             _opt(u.get("used_memory_mib"), " MiB"), _opt(u.get("utilization"), "%"),
         ))
-    return table(rows)
+    note = f"\n{NO_PROCESS}" if waiting else ""
+    return table(rows) + note
+
+
+NO_PROCESS = ("PIDS -: no process found yet (the container is not started, or its cgroup was not found); "
+              "`--format json` gives the reason in pids_error")
+
+
+def _holder_order(h: dict[str, Any]) -> tuple[Any, ...]:
+    cards = [int(i) for i in h.get("cards") or []]
+    return (min(cards, default=-1), cards, str(h.get("namespace") or ""), str(h.get("pod") or ""),
+            str(h.get("container") or ""))
 
 
 def tree_table(tree: dict[str, Any]) -> str:
@@ -138,6 +170,8 @@ def tree_table(tree: dict[str, Any]) -> str:
         label = "  " * depth + (f"GPU{n['gpus'][0]}" if n["level"] == "GPU" else str(n["level"]))
         if n["level"] == "GPU" and not n.get("card", {}).get("healthy", True):
             label += " (unhealthy)"
+        if n["level"] == "GPU" and n.get("card", {}).get("cordoned") is True:
+            label += " (cordoned)"
         rows.append((label, ",".join(str(g) for g in n["gpus"]), f"{f['whole_cards']}/{len(n['gpus'])}",
                      str(f["cores"]), f"{f['memory_mib']} MiB"))
         for ch in n["children"]:

@@ -17,11 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     from gpumgr.allocator import Ledger
-    from gpumgr.render import render_tree
+    from gpumgr.render import LEVEL_LEGEND, render_levels, render_tree
     from gpumgr.topology import Topology
 
     inv = load_inventory(args)
-    topo = Topology(inv.levels)
+    topo = Topology.of(inv)
     if args.format == "json":
         doc = {
             "gpus": [
@@ -36,4 +36,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         ledger = Ledger(g.memory_mib for g in inv.gpus)
         print(render_tree(topo, ledger, inv))
+        print()
+        print("Link levels:")
+        print(render_levels(topo))
+        print(f"Levels {LEVEL_LEGEND}.")
     return 0

@@ -12,6 +12,7 @@ CONTAINER_DRIVER_DIR = "/usr/local/nvidia/lib64"
 CONTAINER_SHIM_DIR = "/usr/local/gpumgr"
 CONTAINER_VDEVICE_DIR = "/etc/vcuda"
 SHIM_LIB = "libvcuda.so"
+ANN_MEMORY = "tencent.com/vcuda-memory"  # container annotation: bytes of card memory, when known
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def build(cfg: ResponseConfig, gpus: list[GPU], cores: int, memory_bytes: int, v
         resp.envs["VCUDA_LOG_LEVEL"] = str(cfg.shim_log_level)
     resp.envs["LD_LIBRARY_PATH"] = ":".join(libs)
     resp.annotations["tencent.com/vcuda-core"] = str(cores)
-    resp.annotations["tencent.com/vcuda-memory"] = str(memory_bytes)
+    resp.annotations[ANN_MEMORY] = str(memory_bytes)
     resp.annotations["tencent.com/vcuda-device"] = ",".join(f"/dev/nvidia{g.minor}" for g in gpus)
     resp.annotations["gpumgr.io/allocation"] = allocation_key
     if cfg.cdi:

@@ -1,38 +1,71 @@
 """The real backend, on nvidia-ml-py (`pynvml`). Nothing else in gpumgr imports pynvml.
 
 Pairwise levels: NVLink first (links per pair counted from each link's remote PCI bus id; GPUs joined through
-NVSwitches get NV<links>), else the PCIe common ancestor. NVML failures become one DiscoveryError whose message
-says what to do.
+NVSwitches get NV<links>), else the PCIe common ancestor. NVML failures during discovery become one
+DiscoveryError whose message says what to do.
+
+Drivers differ in which entry points they have (see docs/health-and-labels.md, "Driver versions"). Each newer
+call falls back to the older one it replaced, or, when there is none, to a logged loss of that one feature:
+  running processes   ..._v3 -> ..._v2 -> the unversioned v1 call -> no per-process memory
+                      (..._v2 first on 535.43-535.86, whose ..._v3 fills a struct nvidia-ml-py does not read)
+  event wait          nvmlEventSetWait_v2 -> nvmlEventSetWait -> no XID/ECC events (ECC counters still polled)
+  NVSwitch links      nvmlDeviceGetNvLinkRemoteDeviceType -> the remote's PCI vendor (NVIDIA, not a GPU = switch)
+NUMA node: the PCI device's `numa_node` in sysfs (what the kubelet reads), else NVML's memory affinity.
+A card that read as lost and reads again has been reset: the next `wait_events` reports it "recovered".
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import itertools
+import logging
+import queue
+import time
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from gpumgr.devices.types import GPU, DiscoveryError, GPUStatus, HealthEvent, Inventory, ProcessUsage
 
+log = logging.getLogger("gpumgr.devices.nvml")
+
 _ANCESTOR_LEVEL = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+_NVIDIA_PCI_VENDOR = 0x10DE
+_NUMA_NODE_WORDS = 16  # 16 x 64 = 1024 NUMA nodes in the affinity mask
+_PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
+                  "nvmlDeviceGetComputeRunningProcesses")
+_WAIT_CALLS = ("nvmlEventSetWait_v2", "nvmlEventSetWait")
+_MAX_PROCESSES = 4096  # bound on one card's process list
 
 
 class NvmlBackend:
-    def __init__(self, nvml: ModuleType | None = None, library: str | None = None):
+    def __init__(self, nvml: ModuleType | None = None, library: str | None = None, sysfs_root: str = "/sys"):
         self._nv = nvml if nvml is not None else _import_pynvml()
+        self._sysfs = Path(sysfs_root)
         if library:
             self._load_library(library)
         self._call(self._nv.nvmlInit, "initialise NVML")
         self._handles: list[Any] = []
+        self._handle_keys: list[Any] = []
         self._inv: Inventory | None = None
         self._events: Any = None
         self._last_sample: dict[int, int] = {}
+        self._process_call = 0  # index into _PROCESS_CALLS of the newest call this driver has
+        self._wait_call = 0  # index into _WAIT_CALLS
+        self._no_remote_type = False
+        self._no_ecc: set[int] = set()
+        self._lost: set[int] = set()  # cards whose last status read found them off the bus
+        self._recovered: queue.SimpleQueue[HealthEvent] = queue.SimpleQueue()  # status thread -> event thread
 
     # -- Backend --------------------------------------------------------------------------------------------
     def inventory(self) -> Inventory:
         if self._inv is None:
             self._inv = self._discover()
+            # Register for events now: NVML queues what happens from here on, so none is lost before the
+            # first wait.
+            self._events = self._register_events()
         return self._inv
 
     def status(self, index: int) -> GPUStatus:
@@ -42,14 +75,14 @@ class NvmlBackend:
             temp = nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)
             util = nv.nvmlDeviceGetUtilizationRates(h).gpu
         except nv.NVMLError_GpuIsLost:
+            self._lost.add(index)
             return GPUStatus(index=index, lost=True)
-        procs: dict[int, ProcessUsage] = {}
-        try:
-            for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
-                used = p.usedGpuMemory or 0
-                procs[p.pid] = ProcessUsage(pid=p.pid, used_memory_bytes=int(used))
-        except nv.NVMLError:
-            pass
+        if index in self._lost:
+            # Back on the bus: only a reset brings a card back, and a reset clears what the XID or the ECC
+            # error reported.
+            self._lost.discard(index)
+            self._recovered.put(HealthEvent(index=index, kind="recovered", detail="back on the bus after a reset"))
+        procs = {p.pid: p for p in self._processes(h)}
         try:
             samples = nv.nvmlDeviceGetProcessUtilization(h, self._last_sample.get(index, 0))
             latest: dict[int, Any] = {}
@@ -64,33 +97,41 @@ class NvmlBackend:
         except nv.NVMLError:
             pass  # no samples yet, or not supported on this card
         return GPUStatus(index=index, used_memory_bytes=int(mem.used), utilization=int(util),
-                         temperature_c=int(temp), processes=tuple(procs.values()))
+                         temperature_c=int(temp), processes=tuple(procs.values()),
+                         ecc_uncorrected=self._ecc(index, h))
 
     def wait_events(self, timeout_s: float) -> list[HealthEvent]:
         nv = self._nv
-        if self._events is None:
-            self._events = self._register_events()
-        if self._events is False:
-            import time
-
+        recovered = []
+        while not self._recovered.empty():
+            recovered.append(self._recovered.get())
+        if recovered:
+            return recovered
+        if self._inv is None:
+            self.inventory()
+        if self._events is False or self._wait_call >= len(_WAIT_CALLS):
             time.sleep(timeout_s)
             return []
-        out: list[HealthEvent] = []
         try:
-            data = nv.nvmlEventSetWait_v2(self._events, int(timeout_s * 1000))
+            data = self._wait(int(timeout_s * 1000))
         except nv.NVMLError_Timeout:
-            return out
+            return []
         except nv.NVMLError_GpuIsLost:
             return [HealthEvent(index=-1, kind="lost", detail="a GPU fell off the bus")]
-        index = next((i for i, h in enumerate(self._handles) if h == data.device), -1)
-        if data.eventType == nv.nvmlEventTypeXidCriticalError:
-            out.append(HealthEvent(index=index, kind="xid", code=int(data.eventData)))
-        elif data.eventType == nv.nvmlEventTypeDoubleBitEccError:
-            out.append(HealthEvent(index=index, kind="ecc", code=1))
-        return out
+        if data is None:  # this driver has no event wait at all
+            return []
+        index = self._index_of(data.device)
+        if data.eventType & nv.nvmlEventTypeXidCriticalError:
+            return [HealthEvent(index=index, kind="xid", code=int(data.eventData))]
+        if data.eventType & nv.nvmlEventTypeDoubleBitEccError:
+            return [HealthEvent(index=index, kind="ecc", code=1, detail="double-bit ECC error event")]
+        return []
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # shutting down is best effort
+            if self._events not in (None, False):
+                self._nv.nvmlEventSetFree(self._events)
+        with contextlib.suppress(Exception):
             self._nv.nvmlShutdown()
 
     # -- discovery ------------------------------------------------------------------------------------------
@@ -98,6 +139,7 @@ class NvmlBackend:
         nv = self._nv
         count = self._call(nv.nvmlDeviceGetCount, "count GPUs")
         self._handles = [self._call(nv.nvmlDeviceGetHandleByIndex, f"open GPU {i}", i) for i in range(count)]
+        self._handle_keys = [_handle_key(h) for h in self._handles]
         gpus = []
         bus_ids = []
         for i, h in enumerate(self._handles):
@@ -111,7 +153,7 @@ class NvmlBackend:
                 name=_text(self._call(nv.nvmlDeviceGetName, f"read name of GPU {i}", h)),
                 memory_mib=int(self._call(nv.nvmlDeviceGetMemoryInfo, f"read memory of GPU {i}", h).total) >> 20,
                 bus_id=bus,
-                numa_node=self._numa(h),
+                numa_node=self._numa(i, h, bus),
             ))
         links = self._nvlinks(bus_ids)
         levels = [["X"] * count for _ in range(count)]
@@ -147,14 +189,14 @@ class NvmlBackend:
                 try:
                     if nv.nvmlDeviceGetNvLinkState(h, link) != nv.NVML_FEATURE_ENABLED:
                         continue
-                    remote = _short_bus(_text(nv.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId).upper())
+                    remote = nv.nvmlDeviceGetNvLinkRemotePciInfo(h, link)
                 except nv.NVMLError:
                     continue  # no such link, or NVLink not supported on this card
-                j = by_bus.get(remote)
+                j = by_bus.get(_short_bus(_text(remote.busId).upper()))
                 if j is not None and j != i:
                     key = (min(i, j), max(i, j))
                     pair[key] = pair.get(key, 0) + 1
-                elif self._is_switch(h, link):
+                elif j is None and self._is_switch(h, link, remote):
                     to_switch[i] += 1
         # each link is seen from both ends
         out = {k: max(1, v // 2) for k, v in pair.items()}
@@ -163,48 +205,176 @@ class NvmlBackend:
                 out[(a, b)] = max(out.get((a, b), 0), min(to_switch[a], to_switch[b]))
         return out
 
-    def _is_switch(self, handle: Any, link: int) -> bool:
+    def _is_switch(self, handle: Any, link: int, remote_pci: Any) -> bool:
+        """Is the far end of this link (not one of our GPUs) an NVSwitch? Asked directly where the driver can
+        say; else an NVIDIA PCI function that is not a GPU of this node is a switch (an IBM NPU, the
+        other thing NVLink reaches, is not NVIDIA's)."""
         nv = self._nv
-        fn = getattr(nv, "nvmlDeviceGetNvLinkRemoteDeviceType", None)
-        if fn is None:
-            return False
+        if not self._no_remote_type:
+            try:
+                return bool(nv.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+                            == nv.NVML_NVLINK_DEVICE_TYPE_SWITCH)
+            except (nv.NVMLError_FunctionNotFound, AttributeError):
+                self._no_remote_type = True
+                log.info("NVML has no nvmlDeviceGetNvLinkRemoteDeviceType (older driver): telling "
+                         "NVSwitch links by the remote PCI vendor instead")
+            except nv.NVMLError:
+                pass  # fall through to the PCI vendor
+        vendor = int(getattr(remote_pci, "pciDeviceId", 0)) & 0xFFFF
+        return vendor == _NVIDIA_PCI_VENDOR
+
+    def _numa(self, index: int, handle: Any, bus: str) -> int | None:
+        """The NUMA node the card sits on, as the kubelet and NVIDIA's plugin see it: sysfs first; NVML's memory
+        affinity (one node) when sysfs has no answer for this device."""
+        path = self._sysfs / "bus" / "pci" / "devices" / _sysfs_bus(bus) / "numa_node"
         try:
-            return bool(fn(handle, link) == nv.NVML_NVLINK_DEVICE_TYPE_SWITCH)
+            with path.open("rb") as f:
+                text = f.read(16).decode("ascii").strip()  # a small number; never read more
+        except (OSError, UnicodeDecodeError):
+            text = ""
+        if text.lstrip("-").isdigit():
+            node = int(text)
+            return node if node >= 0 else None  # -1: the kernel knows of no NUMA placement
+        nv = self._nv
+        try:
+            mask = nv.nvmlDeviceGetMemoryAffinity(handle, _NUMA_NODE_WORDS, nv.NVML_AFFINITY_SCOPE_NODE)
+        except (nv.NVMLError, AttributeError):
+            log.info("GPU %d: NUMA node unknown (no %s, and NVML has no memory affinity)", index, path)
+            return None
+        nodes = [w * 64 + b for w, word in enumerate(mask) for b in range(64) if int(word) >> b & 1]
+        return nodes[0] if len(nodes) == 1 else None
+
+    # -- status helpers -------------------------------------------------------------------------------------
+    def _processes(self, handle: Any) -> list[ProcessUsage]:
+        """The card's compute processes, through the newest entry point this driver has."""
+        nv = self._nv
+        if self._process_call == 0 and _v3_struct_differs(self.inventory().driver_version):
+            self._process_call = 1
+            log.info("driver %s fills nvmlDeviceGetComputeRunningProcesses_v3 with a struct nvidia-ml-py does "
+                     "not read: using ..._v2", self.inventory().driver_version)
+        while self._process_call < len(_PROCESS_CALLS):
+            name = _PROCESS_CALLS[self._process_call]
+            try:
+                if name.endswith("_v3") or name.endswith("_v2"):
+                    raw = getattr(nv, name)(handle)
+                else:
+                    raw = self._processes_v1(handle)
+            except (nv.NVMLError_FunctionNotFound, nv.NVMLLibraryMismatchError, AttributeError):
+                self._process_call += 1
+                if self._process_call < len(_PROCESS_CALLS):
+                    log.info("NVML has no %s (older driver): using %s", name, _PROCESS_CALLS[self._process_call])
+                else:
+                    log.warning("NVML has no call listing a card's processes: per-process memory is not "
+                                "reported (only SM samples)")
+                continue
+            except nv.NVMLError:
+                return []
+            return [ProcessUsage(pid=int(p.pid), used_memory_bytes=int(p.usedGpuMemory or 0))
+                    for p in raw[:_MAX_PROCESSES]]
+        return []
+
+    def _processes_v1(self, handle: Any) -> list[Any]:
+        """nvmlDeviceGetComputeRunningProcesses (v1 layout), which nvidia-ml-py no longer wraps."""
+        nv = self._nv
+        fn = self._c_function("nvmlDeviceGetComputeRunningProcesses")
+        count = ctypes.c_uint(0)
+        ret = fn(handle, ctypes.byref(count), None)
+        if ret == nv.NVML_SUCCESS:
+            return []
+        if ret != nv.NVML_ERROR_INSUFFICIENT_SIZE:
+            raise nv.NVMLError(ret)
+        count.value = min(count.value * 2 + 5, _MAX_PROCESSES)
+        buf = (_ProcessInfoV1 * count.value)()
+        ret = fn(handle, ctypes.byref(count), buf)
+        if ret != nv.NVML_SUCCESS:
+            raise nv.NVMLError(ret)
+        return list(buf[: count.value])
+
+    def _ecc(self, index: int, handle: Any) -> int | None:
+        """Volatile uncorrected ECC errors since the last driver load; None where ECC is off or unreadable."""
+        if index in self._no_ecc:
+            return None
+        nv = self._nv
+        try:
+            return int(nv.nvmlDeviceGetTotalEccErrors(handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                                      nv.NVML_VOLATILE_ECC))
+        except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound, AttributeError):
+            self._no_ecc.add(index)
+            log.info("GPU %d: ECC error counters not available (ECC off or not supported)", index)
         except nv.NVMLError:
-            return False
+            pass
+        return None
 
-    def _numa(self, handle: Any) -> int | None:
-        fn = getattr(self._nv, "nvmlDeviceGetNumaNodeId", None)
-        if fn is None:
-            return None
-        try:
-            node = int(fn(handle))
-        except self._nv.NVMLError:
-            return None
-        return node if node >= 0 else None
-
+    # -- events ---------------------------------------------------------------------------------------------
     def _register_events(self) -> Any:
         nv = self._nv
         try:
             es = nv.nvmlEventSetCreate()
-            mask = nv.nvmlEventTypeXidCriticalError | nv.nvmlEventTypeDoubleBitEccError
-            for h in self._handles:
-                try:
-                    nv.nvmlDeviceRegisterEvents(h, mask, es)
-                except nv.NVMLError_NotSupported:
-                    continue
-            return es
-        except nv.NVMLError:
+        except nv.NVMLError as e:
+            log.warning("NVML event set not available (%s): XID and ECC events are not watched; ECC counters "
+                        "and lost cards are still polled", e)
             return False
+        mask = nv.nvmlEventTypeXidCriticalError | nv.nvmlEventTypeDoubleBitEccError
+        for i, h in enumerate(self._handles):
+            try:
+                nv.nvmlDeviceRegisterEvents(h, mask, es)
+            except nv.NVMLError as e:
+                log.warning("GPU %d: cannot register for XID/ECC events (%s)", i, e)
+        return es
+
+    def _wait(self, timeout_ms: int) -> Any:
+        """One event, through the newest wait call this driver has; None when it has none."""
+        nv = self._nv
+        while self._wait_call < len(_WAIT_CALLS):
+            name = _WAIT_CALLS[self._wait_call]
+            try:
+                if name == "nvmlEventSetWait_v2":
+                    return nv.nvmlEventSetWait_v2(self._events, timeout_ms)
+                return self._wait_v1(timeout_ms)
+            except (nv.NVMLError_FunctionNotFound, AttributeError):
+                self._wait_call += 1
+                if self._wait_call < len(_WAIT_CALLS):
+                    log.info("NVML has no %s (driver older than R450): using %s", name, _WAIT_CALLS[-1])
+                else:
+                    log.warning("NVML has no event wait call: XID and ECC events are not watched; ECC counters "
+                                "and lost cards are still polled")
+        return None
+
+    def _wait_v1(self, timeout_ms: int) -> Any:
+        """nvmlEventSetWait (the pre-R450 call, which nvidia-ml-py no longer wraps): same leading fields."""
+        nv = self._nv
+        fn = self._c_function("nvmlEventSetWait")
+        data = nv.c_nvmlEventData_t()  # larger than the v1 struct, whose fields it starts with
+        ret = fn(self._events, ctypes.byref(data), ctypes.c_uint(timeout_ms))
+        if ret != nv.NVML_SUCCESS:
+            raise nv.NVMLError(ret)
+        return data
+
+    def _index_of(self, device: Any) -> int:
+        """The card an event names: ctypes handles compare by address, not identity."""
+        key = _handle_key(device)
+        return self._handle_keys.index(key) if key in self._handle_keys else -1
+
+    # -- plumbing -------------------------------------------------------------------------------------------
+    def _c_function(self, name: str) -> Any:
+        nv = self._nv
+        lib = getattr(nv, "nvmlLib", None)
+        fn = getattr(lib, name, None) if lib is not None else None
+        if fn is None:
+            raise nv.NVMLError(nv.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return fn
 
     def _load_library(self, path: str) -> None:
-        """Use this libnvidia-ml.so.1 (pynvml loads `nvmlLib` once, from the loader's path, unless it is set)."""
-        import ctypes
-
+        """Use this libnvidia-ml.so.1 (pynvml loads `nvmlLib` once, from the loader's path, unless it is set;
+        it caches function pointers by name, which must not outlive the library they came from)."""
         try:
-            setattr(self._nv, "nvmlLib", ctypes.CDLL(path))  # noqa: B010 - pynvml has no setter
+            lib = ctypes.CDLL(path)
         except OSError as e:
             raise DiscoveryError(f"cannot load the NVML library {path}: {e}") from None
+        setattr(self._nv, "nvmlLib", lib)  # noqa: B010 - pynvml has no setter
+        cache = getattr(self._nv, "_nvmlGetFunctionPointer_cache", None)
+        if isinstance(cache, dict):
+            cache.clear()
 
     def _handle(self, index: int) -> Any:
         if not self._handles:
@@ -239,6 +409,22 @@ def _import_pynvml() -> ModuleType:
         raise DiscoveryError("nvidia-ml-py (module pynvml) is not installed: pip install nvidia-ml-py") from None
 
 
+def _handle_key(handle: Any) -> Any:
+    """What identifies a device handle: the address a ctypes pointer holds (two pointer objects to one device
+    are not `==`), or the handle itself for anything else."""
+    if isinstance(handle, ctypes._Pointer):
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    return handle
+
+
+def _v3_struct_differs(driver: str) -> bool:
+    """Drivers 535.43 to 535.86 changed the struct ..._v3 fills (adding a field) without a new version."""
+    parts = driver.split(".")
+    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        return False
+    return int(parts[0]) == 535 and 43 <= int(parts[1]) <= 86
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -249,3 +435,14 @@ def _short_bus(bus: str) -> str:
     if len(head) == 3:
         return f"{int(head[0], 16):04X}:{head[1]}:{head[2]}"
     return bus
+
+
+def _sysfs_bus(bus: str) -> str:
+    """NVML's "00000000:07:00.0" as sysfs names the device: "0000:07:00.0"."""
+    return _short_bus(bus).lower()
+
+
+class _ProcessInfoV1(ctypes.Structure):
+    """nvmlProcessInfo_v1_t: what nvmlDeviceGetComputeRunningProcesses (unversioned) fills."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]

@@ -13,6 +13,8 @@ YAML or JSON:
       nvidia_smi: |                     # the text of `nvidia-smi topo -m`
         ...
       file: topo.txt                    # such a text in a file, relative to the spec
+
+At most `max_gpus()` GPUs (default 1024, env GPUMGR_MAX_GPUS) in a spec, a levels matrix or a topology text.
 """
 
 from __future__ import annotations
@@ -22,12 +24,19 @@ from pathlib import Path
 from typing import Any
 
 from gpumgr import levels as lv
-from gpumgr.devices.topo_text import TopoMatrix, TopoParseError, parse_topo_text
+from gpumgr.devices.topo_text import DEFAULT_MAX_GPUS, TopoMatrix, TopoParseError, parse_topo_text
 from gpumgr.devices.types import GPU, Inventory
-from gpumgr.docfile import Doc, InputError, load_doc
+from gpumgr.docfile import Doc, InputError, env_limit, load_doc, read_text_bounded
 
 DEFAULT_MODEL = "NVIDIA Tesla (simulated)"
 DEFAULT_MEMORY_MIB = 16384
+ASSUMED_MODEL = "unknown model (assumed)"  # what `--topo-file` cards are called unless --gpu-model says
+MAX_GPUS_ENV = "GPUMGR_MAX_GPUS"
+
+
+def max_gpus() -> int:
+    """How many GPUs a spec or a topology may declare (env GPUMGR_MAX_GPUS, default 1024)."""
+    return env_limit(MAX_GPUS_ENV, DEFAULT_MAX_GPUS)
 
 
 def load_node_spec(path: str | Path) -> Inventory:
@@ -38,12 +47,11 @@ def load_node_spec(path: str | Path) -> Inventory:
 def inventory_from_topo_file(path: str | Path, memory_mib: int = DEFAULT_MEMORY_MIB,
                              model: str = DEFAULT_MODEL) -> Inventory:
     p = Path(path)
+    if not model.strip() or len(model) > 256 or not model.isprintable():
+        raise InputError(f"the GPU model must be 1 to 256 printable characters, got {model[:40]!r}")
+    text = read_text_bounded(p, "the topology text", errors="replace")
     try:
-        text = p.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise InputError(f"{p}: cannot read: {e.strerror or e}") from None
-    try:
-        matrix = parse_topo_text(text, str(p))
+        matrix = parse_topo_text(text, str(p), max_gpus=max_gpus())
     except TopoParseError as e:
         raise InputError(str(e)) from None
     gpus = [_gpu(i, {}, {"model": model, "memory_mib": memory_mib}, matrix, p.stem) for i in range(matrix.count)]
@@ -69,6 +77,9 @@ def inventory_from_doc(doc: Doc, base: Path) -> Inventory:
         gpus_in = [{} for _ in range(matrix.count)]
     if not isinstance(gpus_in, list) or not gpus_in:
         raise doc.error(("gpus",), "must be a non-empty list")
+    if len(gpus_in) > max_gpus():
+        raise doc.error(("gpus",), f"lists {len(gpus_in)} GPUs; at most {max_gpus()} are accepted "
+                        f"({MAX_GPUS_ENV} raises the limit)")
     if matrix is not None and matrix.count != len(gpus_in):
         raise doc.error(("gpus",), f"lists {len(gpus_in)} GPUs but the topology has {matrix.count}")
     name = str(data.get("name", "node"))
@@ -111,11 +122,11 @@ def _topology(doc: Doc, base: Path) -> TopoMatrix | None:
     else:
         f = base / str(topo["file"])
         try:
-            text, source, offset = f.read_text(encoding="utf-8", errors="replace"), str(f), 0
-        except OSError as e:
-            raise doc.error(("topology", "file"), f"cannot read {f}: {e.strerror or e}") from None
+            text, source, offset = read_text_bounded(f, "the topology text", errors="replace"), str(f), 0
+        except InputError as e:
+            raise doc.error(("topology", "file"), str(e)) from None
     try:
-        return parse_topo_text(text, source)
+        return parse_topo_text(text, source, max_gpus=max_gpus())
     except TopoParseError as e:
         if offset:
             raise doc.error(("topology", "nvidia_smi"), f"in the embedded text (block starts at line "
@@ -127,6 +138,9 @@ def _levels(doc: Doc, rows: Any) -> TopoMatrix:
     if not isinstance(rows, list) or not rows or not all(isinstance(r, list) for r in rows):
         raise doc.error(("topology", "levels"), "must be a square list of lists")
     n = len(rows)
+    if n > max_gpus():
+        raise doc.error(("topology", "levels"), f"has {n} rows; at most {max_gpus()} GPUs are accepted "
+                        f"({MAX_GPUS_ENV} raises the limit)")
     out = []
     for i, row in enumerate(rows):
         if len(row) != n:
@@ -134,6 +148,8 @@ def _levels(doc: Doc, rows: Any) -> TopoMatrix:
         cells = []
         for j, cell in enumerate(row):
             text = str(cell).strip()
+            if not text.isascii() or len(text) > 16:
+                raise doc.error(("topology", "levels", i, j), f"not a link level: {text[:20]!r}")
             if i == j:
                 if text not in ("X", "x"):
                     raise doc.error(("topology", "levels", i, j), f"diagonal must be 'X', found {text!r}")
@@ -165,6 +181,10 @@ def _gpu(i: int, g: dict[str, Any], defaults: dict[str, Any], matrix: TopoMatrix
     if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
         raise ValueError(f"memory_mib must be a positive whole number of MiB, got {memory!r}")
     numa = g.get("numa_node", matrix.numa_nodes[i] if matrix is not None else None)
+    if isinstance(numa, str) and numa.isascii() and numa.isdigit() and len(numa) <= 5:
+        numa = int(numa)  # "3" as well as 3; never Unicode digits
+    if numa is not None and (isinstance(numa, bool) or not isinstance(numa, int) or not 0 <= numa < 1 << 16):
+        raise ValueError(f"numa_node must be a whole number 0..65535 or absent, got {numa!r}")
     minor = pick("minor", i) if "minor" in g else i
     if isinstance(minor, bool) or not isinstance(minor, int) or minor < 0:
         raise ValueError(f"minor must be a whole number >= 0, got {minor!r}")
@@ -175,5 +195,5 @@ def _gpu(i: int, g: dict[str, Any], defaults: dict[str, Any], matrix: TopoMatrix
         name=str(g.get("model", g.get("name", defaults.get("model", DEFAULT_MODEL)))),
         memory_mib=memory,
         bus_id=str(g.get("bus_id") or f"00000000:{0x10 + i:02X}:00.0"),
-        numa_node=None if numa is None else int(numa),
+        numa_node=numa,
     )

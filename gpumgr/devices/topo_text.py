@@ -3,7 +3,9 @@
 Real outputs vary: tabs or spaces, NIC rows and columns (`NIC0` or `mlx5_0`), `SOC` in old drivers, CPU/NUMA
 affinity columns (sometimes blank, ranges or lists), a GPU NUMA ID column, a legend, comment prefixes (`#`) from
 being pasted into scripts, and a misaligned header. Only the GPU x GPU block and each GPU's NUMA node are kept.
-Broken input raises `TopoParseError` naming the line.
+Pastes often carry a UTF-8 byte-order mark, or a header whose GPU names ran together (`GPU0GPU1GPU2`); both
+are read. Broken input raises `TopoParseError` naming the line. At most `max_gpus` GPU columns (default
+1024) are accepted, and a GPU index has at most 4 ASCII digits.
 """
 
 from __future__ import annotations
@@ -13,19 +15,25 @@ from dataclasses import dataclass
 
 from gpumgr import levels as lv
 
-_GPU = re.compile(r"GPU(\d+)")
+_GPU = re.compile(r"GPU([0-9]+)")
+_GPU_RUN = re.compile(r"(GPU[0-9]+)")
 _AFFINITY_START = {"CPU", "NUMA"}
+MAX_INDEX_DIGITS = 4
+DEFAULT_MAX_GPUS = 1024
 
 
 class TopoParseError(ValueError):
     """The text is not a usable `nvidia-smi topo -m` matrix; the message names the line."""
 
 
-def parse_topo_text(text: str, source: str = "<topo>") -> TopoMatrix:
-    lines = [_uncomment(raw) for raw in text.splitlines()]
+def parse_topo_text(text: str, source: str = "<topo>", max_gpus: int = DEFAULT_MAX_GPUS) -> TopoMatrix:
+    lines = [_uncomment(raw) for raw in text.removeprefix("\ufeff").splitlines()]
     header_no, header = _find_header(lines, source)
-    gpu_cols, aff_cols = _header_columns(header)
+    gpu_cols, aff_cols = _header_columns(header, f"{source}:{header_no + 1}")
     n = len(gpu_cols)
+    if n > max_gpus:
+        raise TopoParseError(f"{source}:{header_no + 1}: the header lists {n} GPUs; at most {max_gpus} are accepted "
+                             "(GPUMGR_MAX_GPUS raises the limit)")
     rows: dict[int, tuple[int, list[str], dict[str, str]]] = {}
     for no in range(header_no + 1, len(lines)):
         line = lines[no]
@@ -33,8 +41,8 @@ def parse_topo_text(text: str, source: str = "<topo>") -> TopoMatrix:
         m = _GPU.fullmatch(first)
         if not m:
             continue
-        idx = int(m.group(1))
         where = f"{source}:{no + 1}"
+        idx = _index(m.group(1), where)
         if idx >= n:
             raise TopoParseError(f"{where}: row GPU{idx} but the header has only {n} GPU columns")
         if idx in rows:
@@ -44,6 +52,8 @@ def parse_topo_text(text: str, source: str = "<topo>") -> TopoMatrix:
             raise TopoParseError(f"{where}: GPU{idx} row has {len(cells)} cells, expected at least {n}")
         block = []
         for j, cell in enumerate(cells[:n]):
+            if not cell.isascii():
+                raise TopoParseError(f"{where}: GPU{idx} to GPU{j}: {_clip(cell)!r} is not a link level")
             if j == idx:
                 if cell != "X":
                     raise TopoParseError(f"{where}: GPU{idx} against itself should be 'X', found {cell!r}")
@@ -80,16 +90,41 @@ def _uncomment(raw: str) -> str:
     return line
 
 
-def _find_header(lines: list[str], source: str) -> tuple[int, str]:
+def _index(digits: str, where: str) -> int:
+    if len(digits) > MAX_INDEX_DIGITS:
+        raise TopoParseError(f"{where}: GPU index {_clip(digits)} has more than {MAX_INDEX_DIGITS} digits")
+    return int(digits)
+
+
+def _clip(text: str, width: int = 24) -> str:
+    return text if len(text) <= width else text[:width] + "..."
+
+
+def _tokens(line: str) -> list[str]:
+    """The header's tokens, with GPU names that ran together (`GPU0GPU1GPU2`, `GPU3CPU`) taken apart."""
+    out: list[str] = []
+    for tok in line.split():
+        if tok.startswith("GPU") and _GPU_RUN.match(tok) and not _GPU.fullmatch(tok):
+            out.extend(part for part in _GPU_RUN.split(tok) if part)
+        else:
+            out.append(tok)
+    return out
+
+
+def _find_header(lines: list[str], source: str) -> tuple[int, list[str]]:
     for no, line in enumerate(lines):
-        tokens = line.split()
+        tokens = _tokens(line)
         if tokens and tokens[0] == "GPU0" and len(tokens) > 1 and tokens[1] != "X":
-            return no, line
-    raise TopoParseError(f"{source}: no header line (expected a line of columns starting 'GPU0 GPU1 ...')")
+            return no, tokens
+    first = next(((no, ln.strip()) for no, ln in enumerate(lines) if ln.strip()), None)
+    if first is None:
+        raise TopoParseError(f"{source}: the file is empty (expected the output of `nvidia-smi topo -m`)")
+    no, text = first
+    raise TopoParseError(f"{source}:{no + 1}: no header line: expected a line of columns 'GPU0 GPU1 ...' "
+                         f"before the GPU rows; line {no + 1} reads {_clip(text, 60)!r}")
 
 
-def _header_columns(header: str) -> tuple[list[str], list[str]]:
-    tokens = header.split()
+def _header_columns(tokens: list[str], where: str) -> tuple[list[str], list[str]]:
     devices: list[str] = []
     for i, tok in enumerate(tokens):
         if tok in _AFFINITY_START or (tok == "GPU" and i + 1 < len(tokens) and tokens[i + 1] == "NUMA"):
@@ -97,11 +132,16 @@ def _header_columns(header: str) -> tuple[list[str], list[str]]:
         devices.append(tok)
     gpus = []
     for tok in devices:
-        if not _GPU.fullmatch(tok):
+        m = _GPU.fullmatch(tok)
+        if not m:
             break
+        _index(m.group(1), where)
         gpus.append(tok)
-    if gpus != [f"GPU{i}" for i in range(len(gpus))]:
-        raise TopoParseError(f"header GPU columns are not GPU0..GPU{len(gpus) - 1} in order: {gpus}")
+    expected = (f"GPU{i}" for i in range(len(gpus)))
+    wrong = next(((i, g) for i, (g, e) in enumerate(zip(gpus, expected, strict=True)) if g != e), None)
+    if wrong is not None:
+        raise TopoParseError(f"{where}: header GPU columns are not GPU0..GPU{len(gpus) - 1} in order: column "
+                             f"{wrong[0] + 1} is {_clip(wrong[1])}")
     tail = " ".join(tokens[len(devices):])
     found = sorted((tail.find(c), c) for c in ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID") if c in tail)
     return gpus, [c for _, c in found]
@@ -131,7 +171,7 @@ def _affinity(line: str, n: int, columns: list[str]) -> dict[str, str]:
 
 
 def _first_int(text: str) -> int | None:
-    m = re.match(r"\s*(\d+)", text)
+    m = re.match(r"\s*([0-9]{1,6})", text)
     return int(m.group(1)) if m else None
 
 

@@ -105,6 +105,7 @@ class GPUStatus:
     temperature_c: int | None = None
     processes: tuple[ProcessUsage, ...] = ()
     lost: bool = False  # fell off the bus
+    ecc_uncorrected: int | None = None  # volatile uncorrected ECC errors since driver load; None: not known
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,10 @@ can never take the same card; the API calls happen outside the lock. The pod's a
 its resourceVersion (a merge patch): on 409 the pod is read again and the patch retried, a bounded number of
 times. Any failure gives back what was assumed and removes the annotations written, and is answered as the
 extender API wants it: HTTP 200 with `Error`.
+
+Binds the extender must never make are refused before anything is assumed or written (`BindRefused`, a 4xx):
+a pod that asks for no vcuda resource or names another scheduler (403), a pod already bound (409), a node
+that does not exist or has no usable GPU inventory (422).
 """
 
 from __future__ import annotations
@@ -27,21 +31,32 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PATCH_ATTEMPTS = 5
+DEFAULT_SCHEDULER = "gpumgr-scheduler"
 
 
 class BindError(Exception):
     pass
 
 
+class BindRefused(Exception):
+    """A bind this extender never makes; answered with `status` (4xx) and a JSON `Error`."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
 class Binder:
-    def __init__(self, view: ClusterView, access: PodCalls, attempts: int = PATCH_ATTEMPTS):
+    def __init__(self, view: ClusterView, access: PodCalls, attempts: int = PATCH_ATTEMPTS,
+                 scheduler_name: str = DEFAULT_SCHEDULER):
         self.view = view
         self.access = access
         self.attempts = attempts
+        self.scheduler_name = scheduler_name
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def bind(self, args: BindingArgs) -> str:
-        """Bind the pod; returns "" on success, else the error for the scheduler."""
+        """Bind the pod; returns "" on success, else the error for the scheduler. Raises BindRefused."""
         where = f"pod {args.namespace}/{args.name} to node {args.node}"
         try:
             await self._bind(args)
@@ -85,10 +100,31 @@ class Binder:
             pod = await self._read(args)
         if args.uid and pod_uid(pod) != args.uid:
             raise BindError(f"the pod has UID {pod_uid(pod)}, the scheduler asked for {args.uid}")
-        bound = (pod.get("spec") or {}).get("nodeName")
-        if bound:
-            raise BindError(f"the pod is already bound to node {bound}")
+        self._refuse(pod, args.node)
         return pod
+
+    def _refuse(self, pod: dict[str, Any], node_name: str) -> None:
+        """Raise BindRefused for a bind this extender must never make."""
+        spec = pod.get("spec") or {}
+        bound = spec.get("nodeName")
+        if bound:
+            raise BindRefused(409, f"the pod is already bound to node {bound}")
+        name = spec.get("schedulerName") or "default-scheduler"
+        if name != self.scheduler_name:
+            raise BindRefused(403, f"the pod's spec.schedulerName is {name!r}; this extender binds only pods of "
+                              f"{self.scheduler_name!r} (--scheduler-name)")
+        try:
+            gpu = podspec.is_gpu_pod(pod)
+        except (ValueError, AttributeError):
+            gpu = True  # asks something unreadable for vcuda: pod_ask reports it
+        if not gpu:
+            raise BindRefused(403, f"the pod asks for no {podspec.RESOURCE_CORE} or {podspec.RESOURCE_MEMORY}; "
+                              "this extender binds only pods that do")
+        node = self.view.nodes.get(node_name)
+        if node is None:
+            raise BindRefused(422, f"node {node_name} does not exist (it is not in the cluster's node list)")
+        if node.shape is None:
+            raise BindRefused(422, f"node {node_name} is not a GPU node: {node.problem}")
 
     async def _read(self, args: BindingArgs) -> dict[str, Any]:
         try:

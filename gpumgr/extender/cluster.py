@@ -11,6 +11,8 @@ shape, ledger state, ask), since `fit_pod` is a pure function of those.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -34,9 +36,9 @@ class ClusterView:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeState] = {}
         self.synced: set[str] = set()  # "nodes", "pods" once their first list is in
-        self._node_text: dict[str, str | None] = {}
+        self._node_text: dict[str, bytes | None] = {}  # digest of each node's inventory annotation
         self._shapes: dict[tuple[object, ...], Shape] = {}
-        self._pods: dict[str, dict[str, Any]] = {}  # GPU pods by UID
+        self._pods: dict[str, tuple[str, str, bytes]] = {}  # GPU pods by UID: namespace, name, compact JSON
         self._by_name: dict[tuple[str, str], str] = {}
         self._claims: dict[str, Claim] = {}
         self._assumed: dict[str, Assumption] = {}
@@ -56,9 +58,10 @@ class ClusterView:
     # -- nodes ----------------------------------------------------------------------------------------------
     def set_node(self, name: str, inventory_text: str | None) -> None:
         """A node was added or changed; `inventory_text` is its gpumgr.io/gpu-inventory annotation."""
-        if name in self.nodes and self._node_text.get(name) == inventory_text:
+        digest = None if inventory_text is None else hashlib.blake2b(inventory_text.encode(), digest_size=16).digest()
+        if name in self.nodes and name in self._node_text and self._node_text[name] == digest:
             return
-        self._node_text[name] = inventory_text
+        self._node_text[name] = digest
         self.nodes[name] = self._build_node(name, inventory_text)
         self._node_changed(name)
         for uid in sorted(self._wanted.get(name, ())):
@@ -114,10 +117,10 @@ class ClusterView:
         meta = pod.get("metadata") or {}
         old = self._pods.get(uid)
         if old is not None:
-            old_meta = old.get("metadata") or {}
-            self._by_name.pop((old_meta.get("namespace") or "default", old_meta.get("name") or ""), None)
-        self._pods[uid] = pod
-        self._by_name[(meta.get("namespace") or "default", meta.get("name") or "")] = uid
+            self._by_name.pop((old[0], old[1]), None)
+        key = (meta.get("namespace") or "default", meta.get("name") or "")
+        self._pods[uid] = (*key, json.dumps(pod, separators=(",", ":")).encode())  # a third of a dict's memory
+        self._by_name[key] = uid
         claim = pod_claim(pod)
         if claim is None:
             self._claims.pop(uid, None)
@@ -136,11 +139,12 @@ class ClusterView:
         self._reconcile(uid)
 
     def remove_pod(self, pod: Mapping[str, Any]) -> None:
-        uid = pod_uid(pod)
+        self._remove_pod(pod_uid(pod))
+
+    def _remove_pod(self, uid: str) -> None:
         old = self._pods.pop(uid, None)
         if old is not None:
-            meta = old.get("metadata") or {}
-            key = (meta.get("namespace") or "default", meta.get("name") or "")
+            key = (old[0], old[1])
             if self._by_name.get(key) == uid:
                 del self._by_name[key]
         self._claims.pop(uid, None)
@@ -153,14 +157,16 @@ class ClusterView:
         pods = list(pods)
         seen = {pod_uid(p) for p in pods}
         for uid in [u for u in self._pods if u not in seen]:
-            self.remove_pod(self._pods[uid])
+            self._remove_pod(uid)
         for p in pods:
             self.set_pod(p)
         self.synced.add("pods")
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod as the view keeps it (a fresh copy), or None."""
         uid = self._by_name.get((namespace, name))
-        return self._pods.get(uid) if uid else None
+        stored = self._pods.get(uid) if uid else None
+        return json.loads(stored[2]) if stored is not None else None
 
     # -- assumptions (bind) ---------------------------------------------------------------------------------
     def assume(self, uid: str, node: str, allocs: list[Allocation], predicate_time: str) -> None:
@@ -223,9 +229,9 @@ class ClusterView:
         if fit is None:
             fit = self._placements.get(ask.key, {}).get(name)
         if fit is None:
-            if node is None:
-                fit = Fit.not_now(f"node {name} is not known to the gpumgr extender yet")
-            elif node.shape is None:
+            if node is None:  # never cached: the caches hold only nodes that exist
+                return Fit.not_now(f"node {name} is not known to the gpumgr extender yet")
+            if node.shape is None:
                 fit = Fit.never(node.problem)
             else:
                 allowed, never = self._static(node.shape, ask)
@@ -243,11 +249,17 @@ class ClusterView:
         fit = cache.get(name)
         if fit is None:
             fit = self.verdict(ask, uid, name)
+            if node is None:
+                return fit
             if fit.ok and not fit.placed:
-                assert node is not None and node.shape is not None
+                assert node.shape is not None
                 fit = self._place(node, node.shape, ask)
             cache[name] = fit
         return fit
+
+    def cached_entries(self) -> int:
+        """How many per-node verdicts and placements are cached (at most MAX_ASKS x the known nodes, twice)."""
+        return sum(len(c) for table in (self._verdicts, self._placements) for c in table.values())
 
     def verdicts(self, ask: PodAsk, uid: str, names: list[str]) -> list[Fit]:
         """`verdict` for many nodes (the filter hot loop: one dict lookup per node when cached)."""

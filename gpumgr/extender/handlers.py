@@ -1,11 +1,15 @@
 """HTTP routes of the extender: `<prefix>/filter`, `<prefix>/prioritize`, `<prefix>/bind`, `/healthz`, `/readyz`.
 
 Every error is JSON (`{"Error": "..."}`): 400 for a body the extender cannot use, 413 for one over the size
-limit, 404/405 for wrong paths and methods. A bind that fails is HTTP 200 with `Error`, as the API wants.
+limit (also when it only expands past it), 408 for a body that does not arrive in time, 415 for an unknown
+Content-Encoding, 503 when too many bodies are in flight, 404/405 for wrong paths and methods; a bind the
+extender must never make (see `binder.BindRefused`) 403/409/422. A bind that fails for any other reason is
+HTTP 200 with `Error`, as the API wants. Bodies are read by `body.read_body`, never `request.read()`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -14,8 +18,10 @@ from typing import Any
 from aiohttp import web
 
 from gpumgr.extender.ask import AskError, PodAsk, pod_ask, pod_uid
-from gpumgr.extender.binder import Binder
+from gpumgr.extender.binder import Binder, BindRefused
+from gpumgr.extender.body import BodyBudget, BodyError, ClientGone, Limits, read_body
 from gpumgr.extender.cluster import ClusterView
+from gpumgr.extender.lane import SmallestFirst
 from gpumgr.extender.score import scores
 from gpumgr.extender.wire import (
     BadRequest,
@@ -32,9 +38,10 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def build_app(view: ClusterView, binder: Binder, policy: str, prefix: str, max_body_bytes: int) -> web.Application:
-    routes = Routes(view, binder, policy)
-    app = web.Application(middlewares=[json_errors(max_body_bytes)], client_max_size=max_body_bytes)
+def build_app(view: ClusterView, binder: Binder, policy: str, prefix: str, limits: Limits) -> web.Application:
+    routes = Routes(view, binder, policy, limits)
+    app = web.Application(middlewares=[json_errors(), send_within(limits.body_timeout)],
+                          client_max_size=limits.max_body_bytes)
     app.router.add_post(f"{prefix}/filter", routes.filter)
     app.router.add_post(f"{prefix}/prioritize", routes.prioritize)
     app.router.add_post(f"{prefix}/bind", routes.bind)
@@ -43,23 +50,56 @@ def build_app(view: ClusterView, binder: Binder, policy: str, prefix: str, max_b
     return app
 
 
+def build_probe_app(view: ClusterView) -> web.Application:
+    """Only `/healthz` and `/readyz`, for kubelet probes on a plain-HTTP port (they present no client cert)."""
+    routes = Routes(view, None, "", Limits())
+    app = web.Application(middlewares=[json_errors()], client_max_size=1024)
+    app.router.add_get("/healthz", routes.healthz)
+    app.router.add_get("/readyz", routes.readyz)
+    return app
+
+
+MAX_UNKNOWN_NAMES = 1000  # node names per call the extender does not know (new nodes its watch has not shown yet)
+JSON_BYTES_PER_CONTAINER = 16  # a body may hold one JSON object or array per this many bytes (see decode_json)
 SYNCING = "the gpumgr extender is still listing nodes and pods; try again shortly"
 
 
 class Routes:
-    def __init__(self, view: ClusterView, binder: Binder, policy: str):
+    def __init__(self, view: ClusterView, binder: Binder | None, policy: str, limits: Limits):
         self.view = view
         self.binder = binder
         self.policy = policy
+        self.limits = limits
+        self.budget = BodyBudget(limits.budget_bytes)
+        self.lane = SmallestFirst()
+        self.max_json_containers = max(1024, limits.max_body_bytes // JSON_BYTES_PER_CONTAINER)
+
+    def _check_known(self, names: list[str]) -> None:
+        """A scheduler names the nodes of its cluster: a call naming many the extender has never seen is refused
+        (cheaply, before any verdict or a large answer is made)."""
+        nodes = self.view.nodes
+        unknown = sum(1 for n in names if n not in nodes)
+        if unknown > MAX_UNKNOWN_NAMES:
+            raise BadRequest(f"{unknown} of the {len(names)} node names are not nodes of this cluster (at most "
+                             f"{MAX_UNKNOWN_NAMES} may be unknown; the gpumgr extender knows {len(nodes)} nodes)")
+
+    def _decode(self, raw: bytes) -> Any:
+        return decode_json(raw, self.max_json_containers)
 
     async def filter(self, request: web.Request) -> web.StreamResponse:
-        args = parse_extender_args(decode_json(await request.read()))
+        raw = await read_body(request, self.limits, self.budget)
+        async with self.lane.turn(len(raw)):  # decoding, the verdicts and the answer run without awaiting
+            return self._filter(self._decode(raw))
+
+    def _filter(self, doc: Any) -> web.Response:
+        args = parse_extender_args(doc)
         ask = _ask(args.pod)
         names = args.node_names
         if not ask.wants_gpu:
             return reply(filter_reply(args, list(names), {}, {}))
         if not self.view.ready:  # until the first lists are in, every node would look empty
             return reply(filter_reply(args, [], dict.fromkeys(names, SYNCING), {}))
+        self._check_known(names)
         passed: list[str] = []
         failed: dict[str, str] = {}
         never: dict[str, str] = {}
@@ -74,19 +114,35 @@ class Routes:
         return reply(filter_reply(args, passed, failed, never))
 
     async def prioritize(self, request: web.Request) -> web.StreamResponse:
-        args = parse_extender_args(decode_json(await request.read()))
+        raw = await read_body(request, self.limits, self.budget)
+        async with self.lane.turn(len(raw)):
+            return self._prioritize(self._decode(raw))
+
+    def _prioritize(self, doc: Any) -> web.Response:
+        args = parse_extender_args(doc)
         ask = _ask(args.pod)
         names = args.node_names
         if not ask.wants_gpu:
             return reply_bytes(priority_reply(names, [0] * len(names)))
+        if self.view.ready:
+            self._check_known(names)
         fits = self.view.placements(ask, pod_uid(args.pod), names)
         return reply_bytes(priority_reply(names, scores(fits, self.policy)))
 
     async def bind(self, request: web.Request) -> web.StreamResponse:
-        args = parse_binding_args(decode_json(await request.read()))
+        raw = await read_body(request, self.limits, self.budget)
+        async with self.lane.turn(len(raw)):
+            args = parse_binding_args(self._decode(raw))
+        assert self.binder is not None
         if not self.view.ready:
             return reply(binding_reply(SYNCING))
-        return reply(binding_reply(await self.binder.bind(args)))
+        try:
+            return reply(binding_reply(await self.binder.bind(args)))
+        except BindRefused as e:
+            log.warning("bind of pod %s/%s to node %s refused (%d): %s", args.namespace, args.name, args.node,
+                        e.status, e)
+            return reply(binding_reply(f"gpumgr: refusing to bind pod {args.namespace}/{args.name} to node "
+                                       f"{args.node}: {e}"), status=e.status)
 
     async def healthz(self, _request: web.Request) -> web.StreamResponse:
         return reply({"status": "alive"})
@@ -106,7 +162,30 @@ def reply_bytes(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json")
 
 
-def json_errors(max_body_bytes: int) -> Any:
+def send_within(timeout: float) -> Any:
+    """The answer must be taken by the caller within `timeout` seconds, or the connection is dropped: a caller
+    that does not read cannot keep answers in the process's memory."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        resp = await handler(request)
+        if resp.prepared:
+            return resp
+        try:
+            async with asyncio.timeout(timeout):
+                await resp.prepare(request)
+                await resp.write_eof()
+        except (TimeoutError, ConnectionError) as e:
+            log.info("%s %s from %s: the answer was not taken within %g s (%s); connection dropped",
+                     request.method, request.path, request.remote, timeout, type(e).__name__)
+            if request.transport is not None:
+                request.transport.abort()
+        return resp
+
+    return middleware
+
+
+def json_errors() -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
@@ -114,13 +193,21 @@ def json_errors(max_body_bytes: int) -> Any:
         except BadRequest as e:
             log.info("%s %s: 400: %s", request.method, request.path, e)
             return reply({"Error": str(e)}, status=400)
+        except BodyError as e:
+            log.info("%s %s from %s: %d: %s", request.method, request.path, request.remote, e.status, e)
+            resp = reply({"Error": str(e)}, status=e.status)
+            if e.close:
+                resp.force_close()  # the rest of the body is not read: the connection cannot carry another request
+            return resp
+        except ClientGone as e:
+            log.info("%s %s from %s: %s", request.method, request.path, request.remote, e)
+            resp = reply({"Error": str(e)}, status=400)
+            resp.force_close()
+            return resp
         except web.HTTPException as e:
             if e.status < 400:
                 raise
-            text = e.reason
-            if e.status == 413:
-                text = f"the body is larger than the limit of {max_body_bytes} bytes"
-            return reply({"Error": text}, status=e.status)
+            return reply({"Error": e.reason}, status=e.status)
         except Exception as e:  # noqa: BLE001 - a bug must not become a traceback to the scheduler
             log.exception("%s %s failed", request.method, request.path)
             return reply({"Error": f"internal error in the gpumgr extender: {type(e).__name__}: {e}"}, status=500)

@@ -1,58 +1,76 @@
 """`ExtenderServer`: the extender's HTTP server, its cluster view and the watches that feed it.
 
-    server = ExtenderServer(kubeconfig_path_or_api_client, policy="binpack", prefix="/gpumgr")
+    server = ExtenderServer(kubeconfig_path_or_api_client, policy="binpack", prefix="/gpumgr",
+                            tls=tls.server_context(cert, key, client_ca))   # or insecure=True (tests, demo)
     port = await server.start("127.0.0.1", 0)     # 0: any free port
     await server.wait_ready(10)                   # the first list of nodes and pods is in
     ...
     await server.stop()
 
-An empty `api` means the in-cluster service account.
+An empty `api` means the in-cluster service account. Secure by default: the server refuses to start without a
+TLS context that requires client certificates, unless `insecure=True` is given (logged as a warning).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from typing import Any
 
 from gpumgr import podspec
-from gpumgr.extender.binder import Binder
+from gpumgr.extender.binder import DEFAULT_SCHEDULER, Binder
+from gpumgr.extender.body import Limits
 from gpumgr.extender.cluster import ClusterView
 from gpumgr.extender.kubeaccess import KubeAccess
 from gpumgr.extender.podcalls import PodCalls
 from gpumgr.extender.score import POLICIES
+from gpumgr.extender.slim import slim_pod
+from gpumgr.extender.tls import requires_client_certs
 from gpumgr.extender.watcher import Watcher
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "/gpumgr"
-MAX_BODY_BYTES = 64 * 1024 * 1024  # a Nodes list of thousands of full Node objects fits; NodeNames is far smaller
+INSECURE_WARNING = ("serving WITHOUT client authentication (--insecure-serve-without-auth): anyone who can reach "
+                    "this port can filter, prioritize and bind pods; use only for demos and tests")
 
 
 class ExtenderServer:
     def __init__(self, api: Any, policy: str = "binpack", prefix: str = DEFAULT_PREFIX, *,
-                 max_body_bytes: int = MAX_BODY_BYTES):
+                 limits: Limits | None = None, tls: ssl.SSLContext | None = None, insecure: bool = False,
+                 scheduler_name: str = DEFAULT_SCHEDULER, probe: tuple[str, int] | None = None):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r} (expected one of {', '.join(POLICIES)})")
+        if not insecure and not requires_client_certs(tls):
+            raise ValueError("the extender serves only with TLS and required client certificates "
+                             "(--tls-cert-file, --tls-key-file, --client-ca-file); "
+                             "--insecure-serve-without-auth turns that off")
         self.policy = policy
         self.prefix = normalize_prefix(prefix)
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits or Limits()
+        self.tls = tls
+        self.insecure = insecure
+        self.scheduler_name = scheduler_name
+        self.probe = probe
+        self.probe_port: int | None = None
         self.view = ClusterView()
         self._api = api
         self._access: KubeAccess | None = None
         self._calls: PodCalls | None = None
         self._watchers: list[Watcher] = []
         self._runner: Any = None
+        self._probe_runner: Any = None
+        self.site: Any = None  # the CappedSite serving the verbs
 
     @property
     def ready(self) -> bool:
         return self.view.ready
 
     async def start(self, host: str = "0.0.0.0", port: int = 3456) -> int:
-        """Start the watches and the HTTP server; returns the port listened on."""
-        from aiohttp import web
-
-        from gpumgr.extender.handlers import build_app
+        """Start the watches and the HTTP(S) server (and the probe server); returns the port listened on."""
+        from gpumgr.extender.handlers import build_app, build_probe_app
+        from gpumgr.extender.site import CappedSite
 
         if self._runner is not None:
             raise RuntimeError("the extender is already started")
@@ -69,21 +87,41 @@ class ExtenderServer:
         for w in self._watchers:
             w.start()
         self._calls = PodCalls(access.configuration)
-        app = build_app(view, Binder(view, self._calls), self.policy, self.prefix, self.max_body_bytes)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
-        await runner.setup()
+        binder = Binder(view, self._calls, scheduler_name=self.scheduler_name)
+        app = build_app(view, binder, self.policy, self.prefix, self.limits)
+        runners = []
         try:
-            site = web.TCPSite(runner, host, port, reuse_address=True)
+            runner = await _runner(app, self.limits)
+            runners.append(runner)
+            site = CappedSite(runner, host, port, max_connections=self.limits.max_connections,
+                              handshake_timeout=self.limits.header_timeout, ssl_context=self.tls)
             await site.start()
+            if self.probe is not None:
+                probe_runner = await _runner(build_probe_app(view), self.limits)
+                runners.append(probe_runner)
+                probe_site = CappedSite(probe_runner, self.probe[0], self.probe[1], max_connections=16,
+                                        handshake_timeout=self.limits.header_timeout)
+                await probe_site.start()
+                self.probe_port = probe_site.port
         except BaseException:
-            await runner.cleanup()
+            for r in runners:
+                await r.cleanup()
             await self._stop_watches()
             raise
-        self._runner = runner
-        bound = int(runner.addresses[0][1])
-        log.info("gpumgr extender listening on %s:%d%s/{filter,prioritize,bind} (policy %s)", host, bound,
-                 self.prefix, self.policy)
-        return bound
+        self._runner = runners[0]
+        self._probe_runner = runners[1] if len(runners) > 1 else None
+        self.site = site
+        scheme = "https" if self.tls is not None else "http"
+        auth = "client certificates required" if requires_client_certs(self.tls) else "NO client authentication"
+        log.info("gpumgr extender listening on %s://%s:%d%s/{filter,prioritize,bind} (%s; policy %s; "
+                 "scheduler %s; body limit %d bytes)", scheme, host, site.port, self.prefix, auth, self.policy,
+                 self.scheduler_name, self.limits.max_body_bytes)
+        if self.insecure and not requires_client_certs(self.tls):
+            log.warning(INSECURE_WARNING)
+        if self.probe_port is not None:
+            log.info("health probes on http://%s:%d/healthz and /readyz", self.probe[0] if self.probe else "",
+                     self.probe_port)
+        return int(site.port)
 
     async def wait_ready(self, timeout: float) -> None:
         """Until the first list of nodes and pods is in; raises TimeoutError after `timeout` seconds."""
@@ -92,9 +130,11 @@ class ExtenderServer:
                 await asyncio.sleep(0.02)
 
     async def stop(self) -> None:
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        for attr in ("_runner", "_probe_runner"):
+            runner = getattr(self, attr)
+            setattr(self, attr, None)
+            if runner is not None:
+                await runner.cleanup()
         await self._stop_watches()
 
     async def _stop_watches(self) -> None:
@@ -107,6 +147,17 @@ class ExtenderServer:
         calls, self._calls = self._calls, None
         if calls is not None:
             await calls.close()
+
+
+async def _runner(app: Any, limits: Limits) -> Any:
+    """An AppRunner whose connections time out waiting for headers (`keepalive_timeout` is aiohttp's idle
+    and first-request timer) and whose bodies are not inflated by aiohttp (`body.read_body` does it, bounded)."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, auto_decompress=False,
+                           keepalive_timeout=limits.header_timeout, lingering_time=1.0)
+    await runner.setup()
+    return runner
 
 
 def normalize_prefix(prefix: str) -> str:
@@ -123,7 +174,8 @@ def _node_entry(node: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def _gpu_pod(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """A GPU pod as the view keeps it (`slim.slim_pod`, in the watch thread), or None for other pods."""
     try:
-        return pod if podspec.is_gpu_pod(pod) else None
+        return slim_pod(pod) if podspec.is_gpu_pod(pod) else None
     except (ValueError, AttributeError):
         return None

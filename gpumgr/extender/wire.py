@@ -16,6 +16,7 @@ from typing import Any
 
 MAX_NODES = 20_000  # NodeNames / Nodes.items per call (Kubernetes supports 5,000 nodes per cluster)
 MAX_NAME = 253  # DNS subdomain: the longest node, pod or namespace name
+MAX_CONTAINERS = 256  # per containers / initContainers list (real pods have a handful; the API caps pods at ~1.5 MB)
 _PLAIN = re.compile(r"[A-Za-z0-9._\-]*")  # characters JSON strings carry unescaped
 
 
@@ -23,7 +24,13 @@ class BadRequest(ValueError):
     """A request body the extender cannot use; answered with HTTP 400 and this message."""
 
 
-def decode_json(raw: bytes) -> Any:
+def decode_json(raw: bytes, max_containers: int | None = None) -> Any:
+    """The body as JSON. With `max_containers`, a body with more `{` and `[` than that (counted in the raw bytes,
+    strings included: an upper bound) is refused before decoding, which bounds what decoding can allocate."""
+    if max_containers is not None:
+        count = raw.count(b"{") + raw.count(b"[")
+        if count > max_containers:
+            raise BadRequest(f"the body has {count} JSON objects and arrays; at most {max_containers} are accepted")
     try:
         return json.loads(raw)
     except RecursionError:
@@ -108,6 +115,8 @@ def check_pod(pod: Any) -> None:
             continue
         if not isinstance(containers, list):
             raise BadRequest(f"Pod.spec.{field} must be an array, got {_kind(containers)}")
+        if len(containers) > MAX_CONTAINERS:
+            raise BadRequest(f"Pod.spec.{field} has {len(containers)} entries; at most {MAX_CONTAINERS} are accepted")
         for i, c in enumerate(containers):
             where = f"Pod.spec.{field}[{i}]"
             if not isinstance(c, dict):

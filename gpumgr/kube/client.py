@@ -6,6 +6,7 @@ Pods and nodes come back as API JSON dicts (camelCase), the same shape the exten
 from __future__ import annotations
 
 import asyncio
+import datetime
 import functools
 import logging
 from collections.abc import Callable, Mapping
@@ -15,6 +16,7 @@ log = logging.getLogger("gpumgr.kube")
 T = TypeVar("T")
 
 CONFLICT_RETRIES = 8
+POD_CONDITION = "gpumgr.io/GPUAllocated"  # condition set False on a pod failed because its GPU share cannot hold it
 TIMEOUT = (5, 30)  # (connect, read) seconds for every call: a black-holed API server must not hold a thread forever
 
 
@@ -97,6 +99,23 @@ class KubeClient:
             await self._run(self.core.create_namespaced_event, ns, ev, _request_timeout=TIMEOUT)
         except Exception as e:  # noqa: BLE001 - events are best effort
             log.debug("could not record event %s on %s/%s: %s", reason, ns, meta.get("name"), e)
+
+    async def fail_pod(self, namespace: str, name: str, reason: str, message: str) -> bool:
+        """Mark the pod Failed with `reason` and `message`, and a `GPUAllocated=False` condition saying the same
+        (its controller then recreates it). False when the pod is gone."""
+        from kubernetes.client.exceptions import ApiException
+
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {"status": {"phase": "Failed", "reason": reason, "message": message, "conditions": [
+            {"type": POD_CONDITION, "status": "False", "reason": reason, "message": message,
+             "lastTransitionTime": now}]}}
+        try:
+            await self._run(self.core.patch_namespaced_pod_status, name, namespace, body, _request_timeout=TIMEOUT)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
 
     # -- nodes ----------------------------------------------------------------------------------------------
     async def get_node(self, name: str) -> dict[str, Any] | None:

@@ -51,6 +51,10 @@ def container_families(snap: NodeSnapshot) -> Iterator[Metric]:
     req_mem = GaugeMetricFamily("container_request_gpu_memory", "GPU memory the container may use, MiB (its "
                                 "vcuda-memory request; for whole cards, the cards' memory).",
                                 labels=[*CONTAINER_LABELS, "req_of_gpu_memory"])
+    modes = GaugeMetricFamily("gpumgr_container_compute_limit_mode", "1 for how the container's vCUDA shim "
+                              "measures its compute limit on a card, when it said: process (normal), device (card "
+                              "utilisation), unthrottled (limit not enforced).", labels=[*CONTAINER_LABELS, "uuid",
+                                                                                        "mode"])
     procs = GaugeMetricFamily("gpumgr_container_processes", "Host PIDs found in the container's cgroup (0: not "
                               "found, see /usage for why).", labels=CONTAINER_LABELS)
     seen: set[tuple[str, ...]] = set()
@@ -69,7 +73,9 @@ def container_families(snap: NodeSnapshot) -> Iterator[Metric]:
         req_util.add_metric([*base, "total"], h.cores / 100)
         req_mem.add_metric([*base, "total"], h.request_memory_mib)
         procs.add_metric(base, len(h.pids))
-    yield from (util, mem, req_util, req_mem, procs)
+        for uuid, mode in sorted(h.compute_modes.items()):
+            modes.add_metric([*base, uuid, mode], 1)
+    yield from (util, mem, req_util, req_mem, procs, modes)
 
 
 def card_families(snap: NodeSnapshot, xid: dict[int, int]) -> Iterator[Metric]:
@@ -84,6 +90,8 @@ def card_families(snap: NodeSnapshot, xid: dict[int, int]) -> Iterator[Metric]:
     temp = gauge("gpumgr_gpu_temperature_celsius", "Temperature of the card.")
     healthy = gauge("gpumgr_gpu_healthy", "1 when the card takes new allocations, 0 when it is unhealthy.")
     holders = gauge("gpumgr_gpu_holders", "Containers holding a share or all of the card.")
+    cordoned = gauge("gpumgr_gpu_cordoned", "1 when the card takes no new pods (node annotation "
+                     "gpumgr.io/cordoned-gpus); pods already on it keep running.")
     up = gauge("gpumgr_gpu_status_up", "1 when the card's status could be read at this scrape.")
     xids = CounterMetricFamily("gpumgr_gpu_xid_errors", "XID errors reported on the card.", labels=CARD_LABELS)
     for c in snap.cards:
@@ -93,6 +101,8 @@ def card_families(snap: NodeSnapshot, xid: dict[int, int]) -> Iterator[Metric]:
         alloc_mem.add_metric(lab, c.allocated_memory_mib * MIB)
         healthy.add_metric(lab, 1 if c.healthy else 0)
         holders.add_metric(lab, len(c.holders))
+        if c.cordoned is not None:  # only when the agent follows the node's cordon annotation
+            cordoned.add_metric(lab, 1 if c.cordoned else 0)
         xids.add_metric(lab, xid.get(c.index, 0))
         s = c.status
         up.add_metric(lab, 1 if s is not None and not s.lost else 0)
@@ -101,7 +111,7 @@ def card_families(snap: NodeSnapshot, xid: dict[int, int]) -> Iterator[Metric]:
             util.add_metric(lab, s.utilization)
             if s.temperature_c is not None:
                 temp.add_metric(lab, s.temperature_c)
-    yield from (memory, cores, alloc_mem, used_mem, util, temp, healthy, holders, up, xids)
+    yield from (memory, cores, alloc_mem, used_mem, util, temp, healthy, holders, cordoned, up, xids)
 
 
 def agent_families(snap: NodeSnapshot, checkpoint_extra: tuple[int, int]) -> Iterator[Metric]:

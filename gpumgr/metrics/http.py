@@ -112,11 +112,12 @@ async def _graph(request: web.Request) -> web.Response:
     reader = request.app[READER]
     state = reader.state
     fmt = request.query.get("format", "json")
+    cordoned = reader.cordon().cards if reader.cordon is not None else None
     if fmt == "text":
-        return web.Response(text=render_tree(state.topology, state.ledger, state.inventory) + "\n")
+        return web.Response(text=render_tree(state.topology, state.ledger, state.inventory, cordoned) + "\n")
     if fmt != "json":
         return _bad_request(f"unknown format {fmt!r}; use json or text")
-    return web.json_response(graph_json(state.node_name, state.topology, state.ledger, state.inventory))
+    return web.json_response(graph_json(state.node_name, state.topology, state.ledger, state.inventory, cordoned))
 
 
 async def _usage(request: web.Request) -> web.Response:

@@ -19,8 +19,10 @@ from gpumgr.agent.state import NodeState
 from gpumgr.allocator.ledger import Allocation, CardState
 from gpumgr.allocator.request import HUNDRED
 from gpumgr.cgroups import CgroupReader, qos_of
+from gpumgr.choices import Cordon
 from gpumgr.devices.backend import Backend
 from gpumgr.devices.types import GPUStatus
+from gpumgr.metrics.shim_status import ShimStatusReader
 
 log = logging.getLogger("gpumgr.metrics")
 
@@ -29,11 +31,14 @@ PodLookup = Callable[[str], Mapping[str, Any] | None]
 
 
 class UsageReader:
-    def __init__(self, state: NodeState, backend: Backend, pods: PodLookup, cgroups: CgroupReader | None = None):
+    def __init__(self, state: NodeState, backend: Backend, pods: PodLookup, cgroups: CgroupReader | None = None,
+                 shim: ShimStatusReader | None = None, cordon: Callable[[], Cordon] | None = None):
         self.state = state
         self.backend = backend
         self.pods = pods
         self.cgroups = cgroups if cgroups is not None else CgroupReader()
+        self.shim = shim if shim is not None else ShimStatusReader()
+        self.cordon = cordon  # the node's per-card cordon (gpumgr.choices.CordonWatch), when the agent follows it
 
     def snapshot(self) -> NodeSnapshot:
         t0 = time.perf_counter()
@@ -48,6 +53,7 @@ class UsageReader:
             self._holder(a, ledger.cards, per_card_procs, pods)
             for a in sorted(ledger.allocations.values(), key=lambda a: a.key)
         ]
+        cordon = self.cordon() if self.cordon is not None else None
         cards = []
         for c in ledger.cards:
             g = inv.gpus[c.index]
@@ -57,12 +63,12 @@ class UsageReader:
                 reasons=tuple(sorted(state.health_reasons.get(c.index, ()))), mode=c.mode,
                 allocated_cores=c.used_cores, allocated_memory_mib=c.memory_mib - c.free_memory_mib,
                 free_cores=c.free_cores, free_memory_mib=c.free_memory_mib, holders=tuple(sorted(c.holders)),
-                status=status, error=error,
+                status=status, error=error, cordoned=None if cordon is None else c.index in cordon.cards,
             ))
         return NodeSnapshot(
             node=state.node_name, cards=tuple(cards), holders=tuple(holders),
             checkpoint_writes=state.checkpoint_writes, checkpoint_failures=state.checkpoint_failures,
-            seconds=time.perf_counter() - t0,
+            seconds=time.perf_counter() - t0, cordon_error=cordon.error if cordon is not None else "",
         )
 
     def _status(self, index: int) -> tuple[GPUStatus | None, str]:
@@ -114,6 +120,7 @@ class UsageReader:
             pod_uid=uid, cards=a.cards, cores=a.cores, memory_mib=a.memory_mib, request_memory_mib=request_mib,
             verified=m.get("verified", "") == "true", created=float(created) if _is_number(created) else None,
             container_id=container_id, pids=pids, pids_error=pids_error, use=use,
+            compute_modes=self.shim.modes(pids, container_id) if pids else {},
         )
 
 
@@ -176,6 +183,7 @@ class HolderSnapshot:
     pids: tuple[int, ...]
     pids_error: str
     use: dict[int, CardUse] = field(default_factory=dict)  # card index -> usage, for cards whose status is known
+    compute_modes: dict[str, str] = field(default_factory=dict)  # card UUID -> how the shim measures (shim_status)
 
     @property
     def memory_bytes(self) -> int:
@@ -202,6 +210,8 @@ class CardSnapshot:
     holders: tuple[str, ...]
     status: GPUStatus | None
     error: str
+    # takes no new pods (node annotation gpumgr.io/cordoned-gpus; holders keep running); None: cordon not followed
+    cordoned: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -212,3 +222,4 @@ class NodeSnapshot:
     checkpoint_writes: int
     checkpoint_failures: int
     seconds: float
+    cordon_error: str = ""  # the cordon annotation was not understood (then every card counts as cordoned)

@@ -13,7 +13,8 @@ from gpumgr.metrics.usage import MIB, CardSnapshot, HolderSnapshot, NodeSnapshot
 from gpumgr.topology import Topology, TreeNode
 
 
-def graph_json(node: str, topo: Topology, ledger: Ledger, inv: Inventory) -> dict[str, Any]:
+def graph_json(node: str, topo: Topology, ledger: Ledger, inv: Inventory,
+               cordoned: frozenset[int] | None = None) -> dict[str, Any]:
     def free(gpus: tuple[int, ...]) -> dict[str, int]:
         cards = [ledger.cards[g] for g in gpus]
         usable = [c for c in cards if c.healthy and c.mode != "exclusive"]
@@ -33,6 +34,8 @@ def graph_json(node: str, topo: Topology, ledger: Ledger, inv: Inventory) -> dic
                 "memory_mib": c.memory_mib, "free_cores": c.free_cores, "free_memory_mib": c.free_memory_mib,
                 "holders": sorted(c.holders),
             }
+            if cordoned is not None:  # only when the agent follows the node's cordon annotation
+                doc["card"]["cordoned"] = c.index in cordoned
         doc["children"] = [walk(ch) for ch in n.children]
         return doc
 
@@ -44,6 +47,7 @@ def usage_json(snap: NodeSnapshot) -> dict[str, Any]:
         "node": snap.node,
         "cards": [_card(c) for c in snap.cards],
         "holders": [_holder(h) for h in snap.holders],
+        "cordon_error": snap.cordon_error or None,
     }
 
 
@@ -60,6 +64,7 @@ def _card(c: CardSnapshot) -> dict[str, Any]:
         "temperature_c": s.temperature_c if known and s else None,
         "lost": bool(s and s.lost),
         "status_error": c.error or None,
+        "cordoned": c.cordoned,
     }
 
 
@@ -69,6 +74,7 @@ def _holder(h: HolderSnapshot) -> dict[str, Any]:
         "cards": list(h.cards), "cores": h.cores, "memory_mib": h.memory_mib,
         "request_memory_mib": h.request_memory_mib, "verified": h.verified, "created": h.created,
         "container_id": h.container_id or None, "pids": list(h.pids), "pids_error": h.pids_error or None,
+        "compute_modes": dict(sorted(h.compute_modes.items())),  # card UUID -> how the shim measures, if it said
         "usage": {
             "per_card": [
                 {"gpu": i, "used_memory_mib": round(u.memory_bytes / MIB, 1), "utilization": u.sm_util}

@@ -139,17 +139,27 @@ class SimNode:
             body["spec"]["nodeName"] = self.node_name
         return self.api.store.create_pod(body)
 
-    async def admit(self, pod: Mapping[str, Any]) -> AdmittedPod:
-        """The kubelet admits the pod (Allocate, PreStartContainer per container); then it runs."""
+    async def admit(self, pod: Mapping[str, Any], resource_order: Literal["sorted", "reverse"] = "sorted",
+                    start: bool = True) -> AdmittedPod:
+        """The kubelet admits the pod (Allocate, PreStartContainer per container); then it runs. `resource_order`
+        "reverse" allocates each container's vcuda-memory before its vcuda-core. `start=False`: admitted only,
+        Pending until `start_pod` (PreStartContainer) is called."""
         def req(c: Mapping[str, Any]) -> ContainerRequest:
             limits = c.get("resources", {}).get("limits", {})
             return ContainerRequest(c["name"], {k: int(v) for k, v in limits.items() if k.startswith("tencent.com/")})
 
         spec = pod["spec"]
         admitted = await self.kubelet.admit_pod(pod["metadata"]["uid"], [req(c) for c in spec["containers"]],
-                                                [req(c) for c in spec.get("initContainers") or []])
-        self.api.store.set_pod_phase(pod["metadata"]["namespace"], pod["metadata"]["name"], "Running")
+                                                [req(c) for c in spec.get("initContainers") or []],
+                                                resource_order, start)
+        if start:
+            self.api.store.set_pod_phase(pod["metadata"]["namespace"], pod["metadata"]["name"], "Running")
         return admitted
+
+    async def start_pod(self, pod: Mapping[str, Any], admitted: AdmittedPod) -> None:
+        """Start the containers of a pod admitted with `start=False`; then it runs."""
+        await self.kubelet.start_pod(admitted)
+        self.api.store.set_pod_phase(pod["metadata"]["namespace"], pod["metadata"]["name"], "Running")
 
     async def run_pod(self, name: str, containers: Sequence[Container], **kw: Any) -> AdmittedPod:
         pod = self.create_pod(name, containers, **kw)

@@ -1,9 +1,13 @@
 """A kube-scheduler stand-in that drives an extender the way kube-scheduler does: POST `<prefix>/filter` and
 `<prefix>/prioritize` with `ExtenderArgs` (`NodeNames`, nodeCacheCapable), pick the highest score, then POST
-`<prefix>/bind` with `ExtenderBindingArgs`. Used by the demo and the end-to-end tests."""
+`<prefix>/bind` with `ExtenderBindingArgs`. Used by the demo and the end-to-end tests.
+
+Over HTTPS it presents a client certificate as kube-scheduler does with `enableHTTPS: true` and `tlsConfig`
+(certFile, keyFile, caFile): pass `tls=gpumgr.extender.tls.client_context(ca, cert, key)`."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,9 +16,10 @@ import aiohttp
 
 
 class SchedulerEmulator:
-    def __init__(self, extender_url: str, timeout_s: float = 30.0):
+    def __init__(self, extender_url: str, timeout_s: float = 30.0, tls: ssl.SSLContext | None = None):
         self.url = extender_url.rstrip("/")
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.tls = tls
 
     async def _post(self, session: aiohttp.ClientSession, verb: str, body: Mapping[str, Any]) -> Any:
         async with session.post(f"{self.url}/{verb}", json=body) as resp:
@@ -25,7 +30,8 @@ class SchedulerEmulator:
     async def schedule(self, pod: Mapping[str, Any], nodes: Sequence[str]) -> Decision:
         """Filter, prioritize and bind one pod; the decision says where, or why nowhere."""
         meta = pod["metadata"]
-        async with aiohttp.ClientSession(timeout=self.timeout) as session:
+        connector = aiohttp.TCPConnector(ssl=self.tls if self.tls is not None else True)
+        async with aiohttp.ClientSession(timeout=self.timeout, connector=connector) as session:
             filtered = await self._post(session, "filter", {"Pod": pod, "NodeNames": list(nodes), "Nodes": None})
             if filtered.get("Error"):
                 return Decision(node=None, reasons={"*": filtered["Error"]})

@@ -46,8 +46,8 @@ class Limits:
     def parse(cls, text: str) -> Limits:
         kv: dict[str, str] = {}
         for raw in text.splitlines():
-            line = raw.strip()
-            if not line or line.startswith("#") or "=" not in line:
+            line = _strip_comment(raw).strip()
+            if not line or "=" not in line:
                 continue
             k, _, v = line.partition("=")
             kv[k.strip()] = v.strip()
@@ -60,3 +60,12 @@ class Limits:
         return cls(pod_uid=kv.get("pod_uid", ""), container_name=kv.get("container_name", ""),
                    core_limit=int(kv.get("core_limit", "0")), hard_limit=kv.get("hard_limit", "1") == "1",
                    core_ceiling=int(kv.get("core_ceiling", "0")), devices=devices)
+
+
+def _strip_comment(line: str) -> str:
+    """The shim's rule: `#` at the start of a line or after a space or tab starts a comment; a `#` glued to a value
+    is part of the value."""
+    for i, ch in enumerate(line):
+        if ch == "#" and (i == 0 or line[i - 1] in " \t"):
+            return line[:i]
+    return line

@@ -9,7 +9,7 @@ import time
 from gpumgr.allocator import Allocation, Ledger, NoFit, Request, choose
 from gpumgr.devices.topo_text import parse_topo_text
 from gpumgr.topology import Topology
-from tests.bench.stats import summary_ms
+from tests.bench.stats import Progress, summary_ms
 from tests.helpers import TOPO_FILES, topo_path
 
 MEM = 16384
@@ -70,7 +70,9 @@ def link_quality() -> None:
     worse = 0
     cost_gap: list[float] = []
     checked = 0
+    progress = Progress("link vs brute force, topologies", total=len(TOPO_FILES))
     for path in TOPO_FILES:
+        progress.tick()
         topo = Topology(parse_topo_text(path.read_text()).levels)
         ledger = Ledger([MEM] * topo.n)
         for k in range(2, topo.n + 1):
@@ -132,7 +134,9 @@ def packing() -> None:
     for label, topo in (("p40 7-GPU PCIe", real("p40")), ("baobab 8-GPU NVLink pairs", real("baobab")),
                         ("dgx1 hybrid cube mesh", real("dgx1")), ("16-GPU PCIe+NVLink pairs", sixteen_pcie())):
         ours, base, ours_w, base_w = [], [], [], []
+        progress = Progress(f"packing {label}, seeds", total=40)
         for seed in range(40):
+            progress.tick()
             n, w = admitted_before_refusal(topo, seed, True)
             ours.append(n)
             ours_w += w
@@ -168,11 +172,51 @@ def fractional_admitted(topo: Topology, seed: int, smart: bool) -> int:
 
 def fractional() -> None:
     topo = Topology(parse_topo_text(topo_path("dgx-a100").read_text()).levels)
-    ours = [fractional_admitted(topo, s, True) for s in range(200)]
-    base = [fractional_admitted(topo, s, False) for s in range(200)]
+    progress = Progress("fractional, runs", total=400)
+    ours, base = [], []
+    for s in range(200):
+        ours.append(fractional_admitted(topo, s, True))
+        base.append(fractional_admitted(topo, s, False))
+        progress.tick(2)
     mo, mb = sum(ours) / len(ours), sum(base) / len(base)
     print(f"  fractional pods admitted before the first refusal (8 cards, 200 seeds): best fit {mo:.1f} vs "
           f"first fit {mb:.1f} (x{mo / mb:.2f})")
+
+
+def numa_spread() -> None:
+    """All-NVLink boards whose cards hang off two or four NUMA nodes: how often a multi-card pod crosses more
+    NUMA nodes than it has to, with the NUMA tie-break and without it (same random workload)."""
+    from gpumgr.devices.spec import inventory_from_topo_file
+
+    for prefix in ("princeton-della-pli", "dgx-a100"):
+        inv = inventory_from_topo_file(topo_path(prefix), memory_mib=MEM)
+        numa = [g.numa_node for g in inv.gpus]
+        per_node = max(numa.count(n) for n in set(numa))
+        figures = []
+        for topo in (Topology(inv.levels, numa=numa), Topology(inv.levels)):
+            rng = random.Random(7)
+            ledger = Ledger([MEM] * topo.n)
+            live: list[str] = []
+            multi = avoidable = 0
+            for i in range(4000):
+                if live and rng.random() < 0.4:
+                    ledger.release(live.pop(rng.randrange(len(live))))
+                req = Request(100 * rng.choice([1, 1, 2, 2, 4]))
+                try:
+                    cards = choose(topo, ledger, req).cards
+                except NoFit:
+                    continue
+                if len(cards) > 1:
+                    multi += 1
+                    free = [c.index for c in ledger.cards if c.mode == "free"]
+                    need = min(len({numa[c] for c in combo}) for combo in itertools.combinations(free, len(cards)))
+                    spans = len({numa[c] for c in cards})
+                    avoidable += spans > need and len(cards) <= per_node
+                ledger.assign(Allocation(f"p{i}", cards, req.cores, req.memory_mib))
+                live.append(f"p{i}")
+            figures.append(100 * avoidable / max(1, multi))
+        print(f"  {prefix:28s} multi-card pods on more NUMA nodes than needed: {figures[0]:.1f} % with the NUMA "
+              f"tie-break vs {figures[1]:.1f} % without")
 
 
 def main() -> None:
@@ -189,6 +233,7 @@ def main() -> None:
     link_quality()
     packing()
     fractional()
+    numa_spread()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import tempfile
@@ -149,7 +150,7 @@ async def latency(nodes: int, rounds: int) -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", api_url)
-            server = ExtenderServer(str(kubeconfig))
+            server = ExtenderServer(str(kubeconfig), insecure=True, scheduler_name="default-scheduler")
             t0 = time.perf_counter()
             port = await server.start("127.0.0.1", 0)
             await server.wait_ready(600)
@@ -157,6 +158,7 @@ async def latency(nodes: int, rounds: int) -> None:
             print(f"extender synced (paged list of nodes and pods) in {time.perf_counter() - t0:.1f} s")
             await _rounds(f"http://127.0.0.1:{port}/gpumgr", api_url, names, rounds, rng, aiohttp)
             await server.stop()
+            await hostile(kubeconfig, names, max(50, rounds // 2))
     finally:
         parent.send("stop")
         proc.join(timeout=30)
@@ -215,6 +217,161 @@ async def _rounds(url: str, api_url: str, names: list[str], rounds: int, rng: ra
     print(f"filter+prioritize (first call of each shape, cold): {summary_ms(cold)}")
     print(f"bind (patch + Binding over HTTP):     {summary_ms(bind)}   goal p99 <= 10 ms: "
           f"{'met' if bind and pct(bind, 99) <= 0.010 else 'NOT met'}")
+
+
+# -- part 1b: a normal filter while hostile clients attack -----------------------------------------------------
+async def hostile(kubeconfig: Path, names: list[str], rounds: int) -> None:
+    """`gpumgr extender` as its own process (so its RSS is its own), a normal filter on every node name timed
+    while other connections send the largest bodies the limit allows, gzip bombs, over-limit bodies, aborted
+    uploads and slow headers, without pause. Prints the normal filter's latency and the extender's peak RSS."""
+    import os
+    import socket
+    import subprocess
+
+    import aiohttp
+
+    from gpumgr.extender.body import DEFAULT_MAX_BODY
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "gpumgr.cli", "extender", "--listen", f"127.0.0.1:{port}",
+                             "--kubeconfig", str(kubeconfig), "--insecure-serve-without-auth", "--scheduler-name",
+                             "default-scheduler", "--log-level", "error"], stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            t0 = time.perf_counter()
+            while True:
+                try:
+                    async with http.get(f"{base}/readyz") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                if proc.poll() is not None or time.perf_counter() - t0 > 600:
+                    raise RuntimeError("the extender process did not become ready")
+                await asyncio.sleep(0.2)
+            synced = _rss_kib(proc.pid)
+            print(f"extender process synced in {time.perf_counter() - t0:.1f} s, RSS {synced / 1024:.0f} MiB")
+            normal = json.dumps({"Pod": pod_obj("normal", [(30, 8)]), "NodeNames": names, "Nodes": None}).encode()
+            attacks = _attack_bodies(DEFAULT_MAX_BODY)
+            stop = asyncio.Event()
+            counts: dict[str, int] = {}
+            lat = []
+            busy = 0
+            # the scheduler's own connection is open before the attack (kube-scheduler keeps its connections)
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as own:
+                async with own.post(f"{base}/gpumgr/filter", data=normal,
+                                    headers={"Content-Type": "application/json"}) as r:
+                    await r.read()
+                workers = [asyncio.ensure_future(_attacker(base, kind, body, stop, counts))
+                           for kind, body in attacks for _ in range(2)]
+                workers.append(asyncio.ensure_future(_slow_loris(port, stop, counts)))
+                await asyncio.sleep(1.0)
+                for _ in range(rounds):
+                    t1 = time.perf_counter()
+                    async with own.post(f"{base}/gpumgr/filter", data=normal,
+                                        headers={"Content-Type": "application/json"}) as r:
+                        await r.read()
+                        if r.status != 200:
+                            busy += 1
+                            continue
+                        lat.append(time.perf_counter() - t1)
+            stop.set()
+            await asyncio.gather(*workers, return_exceptions=True)
+            peak = _hwm_kib(proc.pid)
+        print(f"hostile load: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))} requests/connections "
+              f"during the run (largest allowed body {DEFAULT_MAX_BODY} bytes)")
+        print(f"filter ({len(names)} NodeNames) under hostile load: {summary_ms(lat)}   goal p99 <= 50 ms: "
+              f"{'met' if pct(lat, 99) <= 0.050 else 'NOT met'}; {busy} answered other than 200")
+        print(f"extender peak RSS (VmHWM): {peak / 1024:.0f} MiB (after sync {synced / 1024:.0f} MiB)   "
+              f"chart limit 256 MiB: {'under' if peak < 256 * 1024 else 'OVER'}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, 9)
+
+
+def _attack_bodies(limit: int) -> list[tuple[str, bytes]]:
+    import gzip
+
+    pod = pod_obj("attacker", [(30, 8)])
+    head = json.dumps({"Pod": pod, "NodeNames": []})[:-2].encode()
+    unknown, i = [], 0
+    while len(head) + sum(len(n) + 4 for n in unknown) < limit - 200 and len(unknown) < 20_000:
+        unknown.append(f"no-such-node-with-a-rather-long-name-{i:012d}")
+        i += 1
+    names = json.dumps({"Pod": pod, "NodeNames": unknown}).encode()
+    objects = b"[" + b"{}," * ((limit - 2) // 3 - 1) + b"{}]"
+    return [
+        ("max-names", names),  # the most node names that fit: all unknown
+        ("max-objects", objects[:limit]),  # the most JSON objects that fit
+        ("gzip-bomb", gzip.compress(b" " * (100 * limit), 9)),
+        ("over-limit", b"x" * (limit + 1)),
+        ("aborted", b"{" + b" " * limit),
+    ]
+
+
+async def _attacker(base: str, kind: str, body: bytes, stop: asyncio.Event, counts: dict[str, int]) -> None:
+    import aiohttp
+
+    url = f"{base}/gpumgr/filter"
+    while not stop.is_set():
+        counts[kind] = counts.get(kind, 0) + 1
+        if kind == "aborted":
+            try:
+                r, w = await asyncio.open_connection("127.0.0.1", int(base.rsplit(":", 1)[1]))
+                w.write(f"POST /gpumgr/filter HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                        + body[:len(body) // 2])
+                await w.drain()
+                w.close()
+            except OSError:
+                await asyncio.sleep(0.01)
+            continue
+        headers = {"Content-Type": "application/json"}
+        if kind == "gzip-bomb":
+            headers["Content-Encoding"] = "gzip"
+        try:
+            async with aiohttp.ClientSession() as http, http.post(url, data=body, headers=headers) as r:
+                await r.read()
+        except aiohttp.ClientError:
+            await asyncio.sleep(0.01)
+
+
+async def _slow_loris(port: int, stop: asyncio.Event, counts: dict[str, int]) -> None:
+    """Connections that send half a request line and nothing more, 50 at a time, replaced as they are cut."""
+    open_: list[asyncio.StreamWriter] = []
+    while not stop.is_set():
+        open_ = [w for w in open_ if not w.is_closing()]
+        while len(open_) < 50:
+            try:
+                _r, w = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                break
+            w.write(b"POST /gpumgr/filter HTTP/1.1\r\nHost: ")
+            open_.append(w)
+            counts["slow-loris"] = counts.get("slow-loris", 0) + 1
+        await asyncio.sleep(0.5)
+    for w in open_:
+        w.close()
+
+
+def _rss_kib(pid: int) -> int:
+    return _status_kib(pid, "VmRSS")
+
+
+def _hwm_kib(pid: int) -> int:
+    return _status_kib(pid, "VmHWM")
+
+
+def _status_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
 
 
 # -- part 2: placement quality --------------------------------------------------------------------------------
@@ -367,6 +524,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--seeds", type=int, default=5)
     args = ap.parse_args(argv if argv is not None else [])
+    if os.environ.get("GPUMGR_BENCH_QUICK"):  # a short trial run: 500 nodes, 40 pods, one seed
+        args.nodes, args.rounds, args.seeds = min(args.nodes, 500), min(args.rounds, 40), 1
     asyncio.run(latency(args.nodes, args.rounds))
     quality(args.seeds)
 

@@ -22,7 +22,19 @@ KUBE_VERSIONS = ("1.30.0", "1.34.0")
 # Value sets the tests render besides the defaults; each one exercises a different branch.
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
-    "extender-only": {"scheduler": {"mode": "extender-only", "extenderURL": "http://10.96.0.50:3456/gpumgr"}},
+    "extender-only": {
+        "scheduler": {"mode": "extender-only", "extenderURL": "https://10.96.0.50:3456/gpumgr"},
+        "extender": {"networkPolicy": {"from": [{"ipBlock": {"cidr": "10.0.0.10/32"}}]}},
+    },
+    "insecure": {"extender": {"insecureServeWithoutAuth": True}},
+    "cert-manager": {"certManager": {"enabled": True}},
+    "cert-manager-issuer": {
+        "certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}},
+    },
+    "no-webhook": {"webhook": {"enabled": False}},
+    "dra": {"agent": {"mode": "dra"}, "dra": {"extendedResource": {"enabled": True}}},
+    "both": {"agent": {"mode": "both"}},
+    "prometheus-rule": {"monitoring": {"prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus"}}}},
     "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}}}},
     "custom-placement": {
         "agent": {
@@ -51,6 +63,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "scheduler": {"image": {"tag": "v1.31.4"}, "replicas": 2},
     },
 }
+
+
+# The oldest Kubernetes version a variant installs on (the chart refuses older clusters for it).
+MIN_KUBE: dict[str, str] = {"dra": "1.34.0", "both": "1.34.0"}
+
+
+def supported(variant: str, version: str) -> bool:
+    minimum = MIN_KUBE.get(variant, "0")
+    return tuple(int(p) for p in version.split(".")) >= tuple(int(p) for p in minimum.split("."))
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ def test_agent_default_flags() -> None:
         "temp-healthy": "90",
         "label-prefix": "gpumgr.io/",
         "proc-root": "/host/proc",
+        "mode": "device-plugin",
         "log-level": "info",
     }
 

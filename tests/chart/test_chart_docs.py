@@ -15,7 +15,7 @@ DOC = CHART_DIR.parents[1] / "docs" / "installation.md"
 
 
 # Values documented as one row although their default is a map.
-OPAQUE = ("resources", "securityContext", "nodeSelector")
+OPAQUE = ("resources", "securityContext", "nodeSelector", "dashboard.labels")
 
 
 def leaves(values: dict[str, Any], prefix: str = "") -> Iterator[str]:

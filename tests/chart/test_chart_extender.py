@@ -21,7 +21,18 @@ def test_default_extender() -> None:
         "url-prefix": "/gpumgr",
         "policy": "binpack",
         "log-level": "info",
+        "scheduler-name": "gpumgr-scheduler",
+        "max-body-bytes": "1048576",
+        "probe-listen": "0.0.0.0:8081",
+        "tls-cert-file": "/etc/gpumgr-extender/tls/tls.crt",
+        "tls-key-file": "/etc/gpumgr-extender/tls/tls.key",
+        "client-ca-file": "/etc/gpumgr-extender/tls/ca.crt",
     }
+
+
+def test_extender_only_mode_binds_pods_of_the_default_scheduler() -> None:
+    c = container(render(VARIANTS["extender-only"]).get("Deployment", EXTENDER), "extender")
+    assert flags(c["args"])["scheduler-name"] == "default-scheduler"
 
 
 def test_spread_policy_and_replicas() -> None:
@@ -30,11 +41,16 @@ def test_spread_policy_and_replicas() -> None:
     assert flags(container(deployment, "extender")["args"])["policy"] == "spread"
 
 
-def test_probes_and_port() -> None:
-    c = container(render().get("Deployment", EXTENDER), "extender")
-    assert c["ports"] == [{"name": "http", "containerPort": 3456, "protocol": "TCP"}]
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+def test_probes_use_the_plain_probe_port() -> None:
+    c = container(render({"extender": {"probePort": 9090}}).get("Deployment", EXTENDER), "extender")
+    assert c["ports"] == [
+        {"name": "https", "containerPort": 3456, "protocol": "TCP"},
+        {"name": "probes", "containerPort": 9090, "protocol": "TCP"},
+    ]
+    assert flags(c["args"])["probe-listen"] == "0.0.0.0:9090"
+    # the kubelet has no client certificate: probes go to the plain-HTTP probe listener, never to the API port
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes"}
 
 
 def test_extender_runs_unprivileged() -> None:
@@ -44,7 +60,8 @@ def test_extender_runs_unprivileged() -> None:
     assert security["allowPrivilegeEscalation"] is False
     assert security["capabilities"]["drop"] == ["ALL"]
     pod = deployment["spec"]["template"]["spec"]
-    assert not pod.get("hostPID") and not pod.get("hostNetwork") and "volumes" not in pod
+    assert not pod.get("hostPID") and not pod.get("hostNetwork")
+    assert [v["name"] for v in pod["volumes"]] == ["tls"] and "hostPath" not in pod["volumes"][0]
 
 
 def service_reaches_extender(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -61,7 +78,7 @@ def service_reaches_extender(values: dict[str, Any]) -> tuple[dict[str, Any], di
 def test_service_routes_port_3456_to_the_extender_only() -> None:
     service, deployment = service_reaches_extender({})
     assert service["spec"]["type"] == "ClusterIP"
-    (port,) = service["spec"]["ports"]
+    (port,) = service["spec"]["ports"]  # the probe port is not behind the Service
     container_ports = {p["name"]: p["containerPort"] for p in container(deployment, "extender")["ports"]}
     assert port["port"] == 3456
     assert container_ports[port["targetPort"]] == 3456

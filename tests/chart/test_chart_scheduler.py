@@ -21,6 +21,7 @@ EXPECTED_STANZA_KEYS = {
     "nodeCacheCapable",
     "ignorable",
     "managedResources",
+    "tlsConfig",
 }
 
 
@@ -31,16 +32,23 @@ def scheduler_config(rendered: Rendered) -> dict[str, Any]:
     return config
 
 
-def check_stanza(extender: dict[str, Any], url: str) -> None:
+def check_stanza(extender: dict[str, Any], url: str, cert_dir: str = "/etc/gpumgr-scheduler/tls") -> None:
     assert set(extender) == EXPECTED_STANZA_KEYS
     assert extender["urlPrefix"] == url
+    # secure by default: HTTPS, the scheduler's client certificate, the CA that signed the extender's
+    assert extender["enableHTTPS"] is True
+    assert extender["tlsConfig"] == {
+        "certFile": f"{cert_dir}/tls.crt",
+        "keyFile": f"{cert_dir}/tls.key",
+        "caFile": f"{cert_dir}/ca.crt",
+        "serverName": f"{PREFIX}-extender.{NAMESPACE}.svc",
+    }
     assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (
         "filter",
         "prioritize",
         "bind",
     )
     assert extender["nodeCacheCapable"] is True
-    assert extender["enableHTTPS"] is False
     assert extender["ignorable"] is False
     assert extender["httpTimeout"] == "30s"
     assert extender["weight"] == 1
@@ -62,7 +70,7 @@ def test_profile_mode_configuration() -> None:
         "resourceName": "gpumgr-scheduler",
     }
     (extender,) = config["extenders"]
-    check_stanza(extender, f"http://{PREFIX}-extender.{NAMESPACE}.svc:3456/gpumgr")
+    check_stanza(extender, f"https://{PREFIX}-extender.{NAMESPACE}.svc:3456/gpumgr")
 
 
 def test_stanza_url_points_at_the_extender_service() -> None:
@@ -70,7 +78,7 @@ def test_stanza_url_points_at_the_extender_service() -> None:
     rendered = render(values)
     (extender,) = scheduler_config(rendered)["extenders"]
     service = rendered.get("Service", f"{PREFIX}-extender")
-    match = re.fullmatch(r"http://([^.]+)\.([^.]+)\.svc:(\d+)(/.*)", extender["urlPrefix"])
+    match = re.fullmatch(r"https://([^.]+)\.([^.]+)\.svc:(\d+)(/.*)", extender["urlPrefix"])
     assert match, extender["urlPrefix"]
     assert match.group(1, 2) == (service["metadata"]["name"], service["metadata"]["namespace"])
     assert int(match.group(3)) == service["spec"]["ports"][0]["port"] == 8080
@@ -134,13 +142,20 @@ def test_scheduler_image_defaults_to_the_cluster_version() -> None:
 
 def test_extender_only_mode_renders_just_the_stanza() -> None:
     rendered = render(VARIANTS["extender-only"])
-    assert not [o for o in rendered.objects if "scheduler" in o["metadata"]["name"] and o["kind"] != "ConfigMap"]
-    assert [o["metadata"]["name"] for o in rendered.all("Deployment")] == [f"{PREFIX}-extender"]
+    # only the stanza, and the client certificate the operator copies to the control-plane hosts
+    assert not [
+        o for o in rendered.objects if "scheduler" in o["metadata"]["name"] and o["kind"] not in {"ConfigMap", "Secret"}
+    ]
+    assert rendered.get("Secret", f"{PREFIX}-scheduler-client-tls")["type"] == "kubernetes.io/tls"
+    assert sorted(o["metadata"]["name"] for o in rendered.all("Deployment")) == [
+        f"{PREFIX}-extender",
+        f"{PREFIX}-webhook",
+    ]
     data = rendered.get("ConfigMap", f"{PREFIX}-scheduler-extender")["data"]
     stanza = yaml.safe_load(data["extenders.yaml"])
     assert set(stanza) == {"extenders"}
     (extender,) = stanza["extenders"]
-    check_stanza(extender, "http://10.96.0.50:3456/gpumgr")
+    check_stanza(extender, "https://10.96.0.50:3456/gpumgr", cert_dir="/etc/kubernetes/gpumgr")
     full = yaml.safe_load(data["kube-scheduler-config.yaml"])
     assert full["kind"] == "KubeSchedulerConfiguration"
     assert full["apiVersion"] == "kubescheduler.config.k8s.io/v1"
@@ -151,4 +166,5 @@ def test_extender_only_mode_renders_just_the_stanza() -> None:
 
 def test_notes_tell_users_how_to_reach_the_scheduler() -> None:
     assert "schedulerName: gpumgr-scheduler" in render().notes
-    assert "set scheduler.extenderURL" in render({"scheduler": {"mode": "extender-only"}}).notes
+    extender_only = {"scheduler": {"mode": "extender-only"}, "extender": {"networkPolicy": {"enabled": False}}}
+    assert "set scheduler.extenderURL" in render(extender_only).notes

@@ -52,6 +52,21 @@ BAD_VALUES: list[tuple[dict[str, Any], str, str]] = [
     ({"metrics": {"serviceMonitor": {"enabled": "true"}}}, "/metrics/serviceMonitor/enabled", "boolean"),
     ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy", "IfNotPresent"),
     ({"replicas": 2}, "at ''", "replicas"),
+    ({"agent": {"mode": "gpu"}}, "/agent/mode", "device-plugin"),
+    ({"agent": {"nodeRestriction": "strict"}}, "/agent/nodeRestriction", "fields"),
+    ({"agent": {"paths": {"cdiDir": "var/run/cdi"}}}, "/agent/paths/cdiDir", "does not match"),
+    ({"extender": {"insecureServeWithoutAuth": "yes"}}, "/extender/insecureServeWithoutAuth", "boolean"),
+    ({"extender": {"maxBodyBytes": 10}}, "/extender/maxBodyBytes", "minimum"),
+    ({"extender": {"networkPolicy": {"from": {"ipBlock": {}}}}}, "/extender/networkPolicy/from", "array"),
+    ({"tls": {"validityDays": 0}}, "/tls/validityDays", "minimum"),
+    ({"certManager": {"issuerRef": {"name": "x", "kind": "Vault"}}}, "/certManager/issuerRef/kind", "ClusterIssuer"),
+    ({"certManager": {"duration": "1 year"}}, "/certManager/duration", "does not match"),
+    ({"webhook": {"failurePolicy": "Maybe"}}, "/webhook/failurePolicy", "Ignore"),
+    ({"webhook": {"objectSelector": {"matchLabel": {"a": "b"}}}}, "/webhook/objectSelector", "matchLabel"),
+    ({"webhook": {"timeoutSeconds": 60}}, "/webhook/timeoutSeconds", "maximum"),
+    ({"dra": {"extendedResource": {"name": "gpu"}}}, "/dra/extendedResource/name", "does not match"),
+    ({"dra": {"driverName": "VGPU"}}, "/dra/driverName", "does not match"),
+    ({"monitoring": {"prometheusRule": {"enabled": 1}}}, "/monitoring/prometheusRule/enabled", "boolean"),
 ]
 
 
@@ -73,6 +88,8 @@ CROSS_FIELD: list[tuple[dict[str, Any], str]] = [
     ({"scheduler": {"replicas": 2, "leaderElect": False}}, "leaderElect"),
     ({"extender": {"service": {"nodePort": 31456}}}, "not NodePort"),
     ({"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}}, "metrics.service.enabled"),
+    ({"dra": {"extendedResource": {"enabled": True}}}, "needs agent.mode dra or both"),
+    ({"scheduler": {"extenderURL": "http://10.0.0.5:3456/gpumgr"}}, "use https://"),
 ]
 
 

@@ -13,7 +13,8 @@ CORE = podspec.RESOURCE_CORE
 
 async def test_extender_bind_then_kubelet_allocate_gives_the_same_cards():
     async with sim_node("baobab") as node:
-        ext = ExtenderServer(str(node.kubeconfig), policy="binpack")
+        ext = ExtenderServer(str(node.kubeconfig), policy="binpack", insecure=True,
+                             scheduler_name="default-scheduler")
         port = await ext.start("127.0.0.1", 0)
         try:
             await ext.wait_ready(30)

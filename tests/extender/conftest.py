@@ -55,6 +55,7 @@ async def start_extender(api: KubeApiServer, tmp_path: Path) -> AsyncIterator[Ca
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
 
     async def start(policy: str = "binpack", prefix: str = "/gpumgr", **kw: Any) -> Extender:
+        kw.setdefault("insecure", True)
         server = ExtenderServer(str(kubeconfig), policy=policy, prefix=prefix, **kw)
         port = await server.start("127.0.0.1", 0)
         ext = Extender(server, f"http://127.0.0.1:{port}{server.prefix}", f"http://127.0.0.1:{port}",

@@ -81,7 +81,9 @@ async def test_refused_binds_change_nothing(api: KubeApiServer, start_extender: 
     ext = await start_extender()
 
     assert "asks 2 whole cards" in await ext.bind(p, "n")
-    assert "no gpumgr.io/gpu-inventory annotation" in await ext.bind(q, "plain")
+    status, doc = await ext.post("bind", {"PodName": "q", "PodNamespace": "default", "PodUID": q["metadata"]["uid"],
+                                          "Node": "plain"})
+    assert status == 422 and "no gpumgr.io/gpu-inventory annotation" in doc["Error"]
     wrong_uid = dict(q, metadata=dict(q["metadata"], uid="00000000-0000-0000-0000-000000000000"))
     assert "UID" in await ext.bind(wrong_uid, "n")
     status, doc = await ext.post("bind", {"PodName": "ghost", "PodNamespace": "default", "PodUID": "", "Node": "n"})
@@ -180,11 +182,14 @@ async def test_fifty_concurrent_binds_never_double_book_a_card(api: KubeApiServe
         assert whole[card] == 0 or holders[card] == 1, f"card {card} held whole and shared"
 
 
-async def test_non_gpu_pod_is_bound_without_annotations(api: KubeApiServer, start_extender: Any) -> None:
+async def test_non_gpu_pod_is_refused_without_annotations(api: KubeApiServer, start_extender: Any) -> None:
     api.store.create_node(node("n", None))
     p = api.store.create_pod(pod("web", [(0, 0)]))
     ext = await start_extender()
 
-    assert await ext.bind(p, "n") == ""
-    assert bound_to(api, "web") == "n"
+    meta = p["metadata"]
+    status, doc = await ext.post("bind", {"PodName": "web", "PodNamespace": "default", "PodUID": meta["uid"],
+                                          "Node": "n"})
+    assert status == 403 and "asks for no" in doc["Error"]
+    assert bound_to(api, "web") is None
     assert not any(k.startswith("tencent.com/") for k in annotations(api, "web"))

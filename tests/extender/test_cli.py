@@ -33,7 +33,8 @@ async def test_serves_from_flags_and_environment_and_stops_on_sigterm(api: KubeA
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
     port = free_port()
     proc = gpumgr("--listen", f"127.0.0.1:{port}", "--kubeconfig", str(kubeconfig),
-                  env={"GPUMGR_URL_PREFIX": "/sched/", "GPUMGR_POLICY": "spread"})
+                  env={"GPUMGR_URL_PREFIX": "/sched/", "GPUMGR_POLICY": "spread",
+                       "GPUMGR_INSECURE_SERVE_WITHOUT_AUTH": "1"})
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
 

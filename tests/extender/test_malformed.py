@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpumgr import podspec
+from gpumgr.extender.body import Limits
 from gpumgr.sim.kubeapi import KubeApiServer
 from tests.extender.support import args, inventory, node, pod
 
@@ -54,7 +55,8 @@ async def test_bodies_the_extender_cannot_use_get_400(api: KubeApiServer, start_
         ("bind", {"PodName": "p", "PodNamespace": "default", "PodUID": "", "Node": 7}, "Node must be a string"),
         ("bind", {"PodName": "", "PodNamespace": "default", "PodUID": "", "Node": "n"}, "PodName must not be"),
         ("bind", ["p"], "JSON object"),
-        ("filter", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        ("filter", b"[" * 50_000 + b"]" * 50_000, "nested too deeply"),
+        ("filter", b"[" + b"[]," * 70_000 + b"[]]", "JSON objects and arrays; at most 65536"),
     ]
     for verb, body, words in cases:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -65,7 +67,7 @@ async def test_bodies_the_extender_cannot_use_get_400(api: KubeApiServer, start_
 
 
 async def test_oversized_bodies_and_wrong_routes_are_json_errors(api: KubeApiServer, start_extender: Any) -> None:
-    ext, _ = await seeded(api, start_extender, max_body_bytes=64 * 1024)
+    ext, _ = await seeded(api, start_extender, limits=Limits(max_body_bytes=64 * 1024))
 
     status, doc = await raw(ext, f"{ext.url}/filter", b'{"Pod": {}, "NodeNames": [' + b'"n",' * 50_000 + b'"n"]}')
     assert status == 413 and "larger than the limit" in doc["Error"]

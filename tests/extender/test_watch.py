@@ -26,7 +26,7 @@ async def passes(ext: Any, p: dict[str, Any], name: str) -> bool:
 async def test_ready_only_once_the_first_list_is_in(tmp_path: Path) -> None:
     port = free_port()
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")
-    server = ExtenderServer(str(kubeconfig))
+    server = ExtenderServer(str(kubeconfig), insecure=True)
     ext_port = await server.start("127.0.0.1", 0)
     base = f"http://127.0.0.1:{ext_port}"
     try:
@@ -89,7 +89,7 @@ async def test_a_relist_after_the_history_is_gone_catches_up(tmp_path: Path) -> 
     p = store.create_pod(pod("p", [(100, 0)]))
     api = KubeApiServer(store, bookmark_interval=0.2)
     await api.start()
-    server = ExtenderServer(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    server = ExtenderServer(str(api.write_kubeconfig(tmp_path / "kubeconfig")), insecure=True)
     port = await server.start("127.0.0.1", 0)
     try:
         await server.wait_ready(10)

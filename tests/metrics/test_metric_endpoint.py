@@ -248,3 +248,34 @@ async def test_a_card_that_fell_off_the_bus_gives_no_usage_figure_rather_than_a_
     assert absent(s, "container_gpu_utilization", **a, gpu="gpu0")
     assert absent(s, "container_gpu_memory_total", **a, gpu_memory="gpu0")
     assert value(s, "container_request_gpu_utilization", **a, req_of_gpu="total") == pytest.approx(0.3)
+
+
+async def test_cordon_gauge_follows_the_node_annotation_and_holders_stay(node):
+    from contextlib import AsyncExitStack
+
+    from gpumgr.cgroups import CgroupReader
+    from gpumgr.choices import ANN_CORDON, CordonWatch
+    from gpumgr.metrics import AgentMetrics, UsageReader, build_app, start_http
+
+    await node.place("old", "main", (1,), cores=30, memory_mib=1024, pids=[101])
+    watch = CordonWatch(node.inv.gpus)
+    reader = UsageReader(node.state, node.backend, node.pods.get, CgroupReader(node.cgroup_root), cordon=watch)
+    async with AsyncExitStack() as stack:
+        server = await start_http(build_app(node.metrics, reader), "127.0.0.1", 0)
+        stack.push_async_callback(server.close)
+        watch.update({"metadata": {"annotations": {ANN_CORDON: f"1,{node.inv.gpus[3].uuid}"}}})
+        s = await scrape(server)
+        assert [value(s, "gpumgr_gpu_cordoned", gpu=f"gpu{i}") for i in range(4)] == [0, 1, 0, 1]
+        assert value(s, "gpumgr_gpu_cordoned", gpu="gpu1", uuid=node.inv.gpus[1].uuid) == 1
+        assert value(s, "gpumgr_gpu_holders", gpu="gpu1") == 1  # the pod on the cordoned card keeps its share
+        watch.update({"metadata": {"annotations": {ANN_CORDON: "7"}}})  # not a card: every card, and why
+        s = await scrape(server)
+        assert [value(s, "gpumgr_gpu_cordoned", gpu=f"gpu{i}") for i in range(4)] == [1, 1, 1, 1]
+        _, _, body = await get(server.url + "/usage")
+        assert ANN_CORDON in body and "card 7" in body
+        watch.update({"metadata": {"annotations": {}}})
+        s = await scrape(server)
+        assert [value(s, "gpumgr_gpu_cordoned", gpu=f"gpu{i}") for i in range(4)] == [0, 0, 0, 0]
+    node.metrics = AgentMetrics()
+    async with serving(node) as plain:  # a reader that does not follow the cordon says nothing about it
+        assert absent(await scrape(plain), "gpumgr_gpu_cordoned")

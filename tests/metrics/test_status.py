@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from tests.metrics.node import GIB, SimNode
-from tests.metrics.scrape import serving
+from tests.metrics.scrape import get, serving
 
 
 async def gpumgr(*args: str) -> tuple[int, str, str]:
@@ -109,3 +109,88 @@ async def test_status_against_a_peer_that_does_not_speak_http():
     finally:
         server.close()
     assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def holder_rows(text: str) -> list[list[str]]:
+    import re
+
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("NAMESPACE"))
+    out = []
+    for ln in lines[start + 1:]:
+        if not ln.strip() or ln.startswith("PIDS -:"):
+            break
+        out.append(re.split(r"\s{2,}", ln.strip()))
+    return out
+
+
+async def test_status_sorts_holders_by_card_then_pod_and_shows_no_process_as_dash(node):
+    await node.place("zeta", "main", (3,), cores=100, memory_mib=0, pids=[300])
+    await node.place("beta", "main", (0,), cores=30, memory_mib=1024, pids=[], running=False)
+    await node.place("alpha", "side", (0,), cores=20, memory_mib=1024, pids=[101])
+    await node.place("alpha", "main", (0,), cores=20, memory_mib=1024, pids=[100])
+    await node.place("gamma", "main", (1, 2), cores=200, memory_mib=0, pids=[200])
+    async with serving(node) as server:
+        code, out, err = await gpumgr("status", "--addr", server.url)
+    assert code == 0, err
+    rows = holder_rows(out)
+    assert [(r[1], r[2]) for r in rows] == [("alpha", "main"), ("alpha", "side"), ("beta", "main"),
+                                           ("gamma", "main"), ("zeta", "main")]
+    beta = rows[2]
+    assert beta[6] == "yes" and beta[7] == "-", beta  # verified, and no process yet: not "0 (not started?)"
+    assert rows[0][7] == "1"
+    assert "PIDS -: no process found yet" in out
+    assert "not started?" not in out.split("NAMESPACE")[1].split("\n\n")[0]
+
+
+async def test_status_shows_cordoned_cards_and_a_cordon_it_cannot_read(node):
+    from contextlib import AsyncExitStack
+
+    from gpumgr.cgroups import CgroupReader
+    from gpumgr.choices import ANN_CORDON, CordonWatch
+    from gpumgr.metrics import UsageReader, build_app, start_http
+
+    await node.place("old", "main", (2,), cores=30, memory_mib=1024, pids=[101])
+    watch = CordonWatch(node.inv.gpus)
+    reader = UsageReader(node.state, node.backend, node.pods.get, CgroupReader(node.cgroup_root), cordon=watch)
+    async with AsyncExitStack() as stack:
+        server = await stack.enter_async_context(_served(build_app(node.metrics, reader), start_http))
+        watch.update({"metadata": {"annotations": {ANN_CORDON: node.inv.gpus[2].uuid}}})
+        code, out, err = await gpumgr("status", "--addr", server.url)
+        assert code == 0, err
+        assert [row(out, f"{i}  ")[-1] for i in range(4)] == ["no", "no", "yes", "no"]
+        assert [(r[1], r[3]) for r in holder_rows(out)] == [("old", "2")]  # its holder stays
+        assert "takes no new pods" in out and "holders keep running" in out
+        assert row(out, "GPU2")[0] == "GPU2 (cordoned)" and row(out, "GPU1")[0] == "GPU1"  # the tree too
+        _, _, text = await get(server.url + "/graph?format=text")
+        assert "GPU2 " in text and [ln for ln in text.splitlines() if "CORDONED" in ln] == [
+            ln for ln in text.splitlines() if "GPU2 " in ln]
+        watch.update({"metadata": {"annotations": {ANN_CORDON: "GPU-typo"}}})
+        code, out, err = await gpumgr("status", "--addr", server.url)
+        assert code == 0, err
+        assert [row(out, f"{i}  ")[-1] for i in range(4)] == ["yes"] * 4
+        assert "is not understood" in out and "'GPU-typo'" in out
+        _, jout, _ = await gpumgr("status", "--addr", server.url, "--format", "json")
+        doc = json.loads(jout)
+        assert [c["cordoned"] for c in doc["usage"]["cards"]] == [True] * 4 and doc["usage"]["cordon_error"]
+
+
+async def test_status_without_cordon_following_shows_a_dash(node):
+    async with serving(node) as server:
+        code, out, err = await gpumgr("status", "--addr", server.url)
+    assert code == 0, err
+    assert row(out, "GPU  MODEL")[-1] == "CORDONED" and row(out, "0  ")[-1] == "-" and "takes no new pods" not in out
+
+
+def _served(app, start):
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def cm():
+        server = await start(app, "127.0.0.1", 0)
+        try:
+            yield server
+        finally:
+            await server.close()
+
+    return cm()

@@ -714,3 +714,105 @@ async def test_async_server_serves_and_stop_ends_open_watches() -> None:
             rest = await asyncio.wait_for(watch_response.content.read(), 10)
             assert rest == b""
             watch_response.release()
+
+
+# ---- resource.k8s.io/v1 (DRA) -------------------------------------------------------------------------------
+
+
+def resource_api(server: ThreadedKubeApiServer, tmp_path: Path) -> client.ResourceV1Api:
+    kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig-resource")
+    return client.ResourceV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+
+
+def a_slice(name: str, node: str, driver: str = "vgpu.gpumgr.io") -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1,
+                                                                  "resourceSliceCount": 1},
+                     "devices": [{"name": "gpu-0", "attributes": {"index": {"int": 0}},
+                                  "capacity": {"memory": {"value": "16Gi"}}, "allowMultipleAllocations": True}]}}
+
+
+def test_resource_slices_through_the_real_client(api, tmp_path):
+    rapi = resource_api(api, tmp_path)
+    created = rapi.create_resource_slice(a_slice("n1-vgpu", "n1"))
+    assert created.metadata.generation == 1
+    assert created.spec.devices[0].allow_multiple_allocations is True
+    rapi.create_resource_slice(a_slice("n2-vgpu", "n2"))
+    rapi.create_resource_slice(a_slice("n1-other", "n1", driver="other.example.com"))
+    mine = rapi.list_resource_slice(field_selector="spec.driver=vgpu.gpumgr.io,spec.nodeName=n1")
+    assert [s.metadata.name for s in mine.items] == ["n1-vgpu"]
+    assert mine.kind == "ResourceSliceList" and mine.api_version == "resource.k8s.io/v1"
+    body = rapi.api_client.sanitize_for_serialization(created)
+    body["spec"]["devices"][0]["capacity"]["memory"]["value"] = "8Gi"
+    replaced = rapi.replace_resource_slice("n1-vgpu", body)
+    assert replaced.metadata.generation == 2 and replaced.metadata.uid == created.metadata.uid
+    rapi.delete_resource_slice("n1-vgpu")
+    with pytest.raises(ApiException) as e:
+        rapi.read_resource_slice("n1-vgpu")
+    assert e.value.status == 404
+
+
+def test_resource_slice_without_a_driver_is_invalid(api):
+    body = a_slice("bad", "n1")
+    del body["spec"]["driver"]  # the client refuses to send this: raw HTTP
+    code, doc = raw(api, "POST", "/apis/resource.k8s.io/v1/resourceslices", json.dumps(body).encode())
+    assert code == 422 and "spec.driver" in doc["message"]
+    assert api.store.list_resource("resourceslices") == []
+
+
+def test_resource_claim_status_is_a_subresource_and_spec_is_immutable(api, tmp_path):
+    rapi = resource_api(api, tmp_path)
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c1"},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "vgpu.gpumgr.io"}}]}},
+             "status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "x"}]}}
+    created = rapi.create_namespaced_resource_claim(NS, claim)
+    assert created.status is None  # status is not taken on create
+    alloc = {"status": {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "vgpu.gpumgr.io", "pool": "n1", "device": "gpu-0", "shareID": "a1b2",
+         "consumedCapacity": {"memory": "4Gi", "cores": "30"}}]}},
+        "reservedFor": [{"resource": "pods", "name": "p", "uid": "u1"}]}}
+    patched = rapi.patch_namespaced_resource_claim_status("c1", NS, alloc)
+    res = patched.status.allocation.devices.results[0]
+    assert (res.device, res.share_id, res.consumed_capacity) == ("gpu-0", "a1b2", {"memory": "4Gi", "cores": "30"})
+    spec_change = {"spec": {"devices": {"requests": [{"name": "other", "exactly": {"deviceClassName": "x"}}]}}}
+    with pytest.raises(ApiException) as e:
+        rapi.patch_namespaced_resource_claim("c1", NS, spec_change)
+    assert e.value.status == 422 and "immutable" in json.loads(e.value.body)["message"]
+    # a main-resource update keeps the status
+    labels = rapi.patch_namespaced_resource_claim("c1", NS, {"metadata": {"labels": {"a": "b"}}})
+    assert labels.status.reserved_for[0].uid == "u1"
+
+
+def test_device_classes_and_templates_and_discovery(api, tmp_path):
+    rapi = resource_api(api, tmp_path)
+    rapi.create_device_class({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                              "metadata": {"name": "vgpu.gpumgr.io"},
+                              "spec": {"selectors": [{"cel": {"expression": 'device.driver == "vgpu.gpumgr.io"'}}]}})
+    assert rapi.read_device_class("vgpu.gpumgr.io").spec.selectors[0].cel.expression.startswith("device.driver")
+    rapi.create_namespaced_resource_claim_template(NS, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "t"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "vgpu.gpumgr.io"}}]}}}})
+    assert [t.metadata.name for t in rapi.list_namespaced_resource_claim_template(NS).items] == ["t"]
+    resources = {r.name for r in rapi.get_api_resources().resources}
+    assert {"resourceslices", "resourceclaims", "resourceclaims/status", "resourceclaimtemplates",
+            "deviceclasses"} <= resources
+    groups = client.ApisApi(rapi.api_client).get_api_versions()
+    assert [g.name for g in groups.groups] == ["resource.k8s.io"]
+    # the core paths do not serve the group's resources
+    assert raw(api, "GET", "/api/v1/resourceslices")[0] == 404
+    assert raw(api, "GET", "/apis/resource.k8s.io/v1/pods")[0] == 404
+
+
+def test_resource_claims_watch(api, tmp_path):
+    rapi = resource_api(api, tmp_path)
+    api.store.create_object("resourceclaims", {"metadata": {"name": "w1"}, "spec": {"devices": {}}})
+    w = watch.Watch(return_type="ResourceV1ResourceClaim")  # the client cannot guess this model's name
+    seen = []
+    for ev in w.stream(rapi.list_namespaced_resource_claim, NS, timeout_seconds=2):
+        seen.append((ev["type"], ev["object"].metadata.name))
+        if len(seen) == 1:
+            api.store.merge_patch_object("resourceclaims", "w1", {"status": {"reservedFor": [
+                {"resource": "pods", "name": "p", "uid": "u"}]}})
+        if len(seen) == 2:
+            w.stop()
+    assert seen == [("ADDED", "w1"), ("MODIFIED", "w1")]

@@ -614,3 +614,38 @@ async def test_restart_with_corrupt_checkpoint_starts_empty(
     await emulator.restart()
     assert "kubelet_internal_checkpoint" in (emulator.last_checkpoint_error or "")
     assert emulator.pods() == []
+
+
+# -- resource order and deferred start --------------------------------------------------------------
+
+
+async def test_memory_first_order_allocates_each_containers_memory_before_its_cores(
+    emulator: KubeletEmulator, plugins: PluginHarness
+):
+    await two_plugins(plugins, emulator)
+    await emulator.admit_pod("p", [ContainerRequest("a", {CORE: 2, MEM: 1}), ContainerRequest("b", {CORE: 1, MEM: 2})],
+                             resource_order="reverse")
+    order = [(name, ids) for name, m, ids in plugins.calls if m == "Allocate"]
+    assert [name for name, _ in order] == ["vmemory.sock", "vcore.sock", "vmemory.sock", "vcore.sock"]
+    assert [len(ids) for _, ids in order] == [1, 2, 2, 1]
+    with pytest.raises(ValueError, match="resource_order"):
+        await emulator.admit_pod("q", [ContainerRequest("a", {CORE: 1})], resource_order="random")  # type: ignore[arg-type]
+
+
+async def test_admitted_without_start_calls_prestart_only_when_started(
+    emulator: KubeletEmulator, plugins: PluginHarness
+):
+    core, _ = await two_plugins(plugins, emulator)
+    first = await emulator.admit_pod("p1", [ContainerRequest("a", {CORE: 2, MEM: 1})], start=False)
+    second = await emulator.admit_pod("p2", [ContainerRequest("a", {CORE: 3, MEM: 1})], start=False)
+    assert plugins.names("vcore.sock", "PreStartContainer") == []
+    assert read_kubelet_checkpoint(emulator.checkpoint_path).entries  # recorded at admission
+    await emulator.start_pod(second)
+    await emulator.start_pod(first)
+    assert plugins.names("vcore.sock", "PreStartContainer") == [
+        list(second.container("a").device_ids[CORE]), list(first.container("a").device_ids[CORE])]
+    core.pre_start_error = (grpc.StatusCode.FAILED_PRECONDITION, "does not fit")
+    third = await emulator.admit_pod("p3", [ContainerRequest("a", {CORE: 1})], start=False)
+    with pytest.raises(AdmissionError) as err:
+        await emulator.start_pod(third)
+    assert err.value.reason == "PreStartContainerError" and err.value.code == grpc.StatusCode.FAILED_PRECONDITION

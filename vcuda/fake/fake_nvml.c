@@ -22,7 +22,15 @@ static struct {
     struct fg_shared *s;
     int refs;
     struct nvdev devs[FG_MAX_DEV];
+    int no_proc_util; /* FAKEGPU_NVML_PROC_UTIL=unsupported: per-process utilisation NOT_SUPPORTED */
+    int no_dev_util;  /* FAKEGPU_NVML_DEV_UTIL=unsupported: device utilisation NOT_SUPPORTED */
 } N = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static int unsupported(const char *name)
+{
+    const char *v = getenv(name);
+    return v && strcmp(v, "unsupported") == 0;
+}
 
 static nvmlReturn_t init(void)
 {
@@ -35,6 +43,8 @@ static nvmlReturn_t init(void)
     }
     for (int i = 0; i < FG_MAX_DEV; i++)
         N.devs[i].index = i;
+    N.no_proc_util = unsupported("FAKEGPU_NVML_PROC_UTIL");
+    N.no_dev_util = unsupported("FAKEGPU_NVML_DEV_UTIL");
     N.refs++;
     pthread_mutex_unlock(&N.mu);
     return NVML_SUCCESS;
@@ -249,6 +259,8 @@ API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtil
     int i = dev_index(d);
     if (i < 0 || !count)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (N.no_proc_util)
+        return NVML_ERROR_NOT_SUPPORTED; /* some drivers and vGPU guests */
     struct fg_shared *s = N.s;
     uint64_t P = s->period_ns;
     int64_t done = (int64_t)(fg_now_ns() / P); /* periods < done are complete */
@@ -298,6 +310,8 @@ API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t
     int i = dev_index(d);
     if (i < 0 || !u)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (N.no_dev_util)
+        return NVML_ERROR_NOT_SUPPORTED;
     uint64_t P = N.s->period_ns;
     int64_t per = (int64_t)(fg_now_ns() / P) - 1;
     uint64_t sum = 0;

@@ -128,13 +128,32 @@ void fg_unlock(struct fg_shared *s)
     pthread_mutex_unlock(&s->lock);
 }
 
+/* A process the driver has let go: gone, or exited and waiting to be reaped
+ * (a real driver frees a process's memory when it exits, before its parent
+ * reaps it). */
+static int fg_gone(int pid)
+{
+    if (kill(pid, 0) != 0 && errno == ESRCH)
+        return 1;
+    char path[48], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *close_paren = strrchr(buf, ')');
+    return close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+}
+
 int fg_proc_slot(struct fg_shared *s, int pid)
 {
     int free_slot = -1;
     for (int i = 0; i < FG_MAX_PROC; i++) {
         if (s->proc[i].pid == pid)
             return i;
-        if (free_slot < 0 && (s->proc[i].pid == 0 || (kill(s->proc[i].pid, 0) != 0 && errno == ESRCH)))
+        if (free_slot < 0 && (s->proc[i].pid == 0 || fg_gone(s->proc[i].pid)))
             free_slot = i;
     }
     if (free_slot < 0)

@@ -17,6 +17,9 @@
 #define VC_MAX_DEV 16
 #define VC_UNMATCHED (VC_MAX_DEV - 1)
 #define VC_MAX_LIMIT_DEV (VC_MAX_DEV - 1)
+/* A memory cap meaning "no cap" (a limits entry of 0 bytes: a whole card).
+ * A cap of 0 means no memory at all (a device the limits do not name). */
+#define VC_NO_CAP UINT64_MAX
 
 /* Newest CUDA version whose cuGetProcAddress version table the shim knows. */
 #define VC_KNOWN_CUDA_VERSION 13000

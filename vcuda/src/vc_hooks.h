@@ -65,6 +65,7 @@
     X(nvmlDeviceGetHandleByUUID)                                                                       \
     X(nvmlDeviceGetUUID)                                                                               \
     X(nvmlDeviceGetProcessUtilization)                                                                 \
+    X(nvmlDeviceGetUtilizationRates)                                                                   \
     X(nvmlDeviceGetComputeRunningProcesses_v3)                                                         \
     X(nvmlDeviceGetComputeRunningProcesses_v2)                                                         \
     X(nvmlDeviceGetComputeRunningProcesses)

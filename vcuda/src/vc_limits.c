@@ -36,6 +36,18 @@ static int parse_int(const char *s, int lo, int hi, int *out)
     return 0;
 }
 
+/* A '#' at the start of a line or after a space or tab starts a comment
+ * that runs to the end of the line. */
+static void strip_comment(char *s)
+{
+    for (char *p = s; *p; p++) {
+        if (*p == '#' && (p == s || p[-1] == ' ' || p[-1] == '\t')) {
+            *p = 0;
+            return;
+        }
+    }
+}
+
 static char *trim(char *s)
 {
     while (*s == ' ' || *s == '\t')
@@ -99,8 +111,9 @@ int vc_limits_parse_text(const char *path, const char *text, size_t len, struct 
         memcpy(line, text + pos, n);
         line[n] = 0;
         pos = end + 1;
+        strip_comment(line);
         char *s = trim(line);
-        if (*s == 0 || *s == '#')
+        if (*s == 0)
             continue;
         char *eq = strchr(s, '=');
         if (!eq) {

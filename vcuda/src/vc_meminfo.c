@@ -13,10 +13,9 @@ struct view {
     uint64_t total, free, used;
 };
 
-static struct view view_of(int s, uint64_t phys_total, uint64_t phys_free)
+static struct view view_with(int s, uint64_t limit, uint64_t phys_total, uint64_t phys_free)
 {
     struct view v;
-    uint64_t limit = vc.mem_limit[s];
     v.total = limit < phys_total ? limit : phys_total;
     uint64_t in_use = vc_shm_in_use(vc.shm, s);
     v.free = in_use < v.total ? v.total - in_use : 0;
@@ -24,6 +23,11 @@ static struct view view_of(int s, uint64_t phys_total, uint64_t phys_free)
         v.free = phys_free;
     v.used = v.total - v.free;
     return v;
+}
+
+static struct view view_of(int s, uint64_t phys_total, uint64_t phys_free)
+{
+    return view_with(s, vc.mem_limit[s], phys_total, phys_free);
 }
 
 /* Slot whose view applies, or -1 to report the real figures. */
@@ -38,7 +42,7 @@ static int info_slot(int *rc)
     if (e == VC_PASS)
         return -1;
     int s = vc_current_slot();
-    return (s >= 0 && vc.mem_limit[s]) ? s : -1;
+    return (s >= 0 && vc.mem_limit[s] != VC_NO_CAP) ? s : -1;
 }
 
 CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total)
@@ -89,7 +93,7 @@ static int device_slot(CUdevice dev, int *rc)
     if (e == VC_PASS)
         return -1;
     int s = vc_slot_of(dev);
-    return vc.mem_limit[s] ? s : -1;
+    return vc.mem_limit[s] != VC_NO_CAP ? s : -1;
 }
 
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
@@ -122,7 +126,9 @@ CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
 
 /* ---- NVML ---- */
 
-/* Slot of an NVML device, matched by UUID; -1 for devices without a cap. */
+/* Slot of an NVML device, matched by UUID exactly as CUDA's devices are
+ * (vc_slot_for_uuid), so both report the same limit; -1 for devices without
+ * a cap. A device the limits do not name has a cap of 0, here as in CUDA. */
 static int nvml_slot(nvmlDevice_t d)
 {
     int p = vc_process_init();
@@ -133,26 +139,14 @@ static int nvml_slot(nvmlDevice_t d)
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     if (REAL_I(nvmlDeviceGetUUID)(d, uuid, sizeof(uuid)) != NVML_SUCCESS)
         return -1;
-    const struct vc_limits *l = &vc.limits;
-    for (int i = 0; i < l->device_count; i++)
-        if (l->dev[i].uuid[0] && strcasecmp(l->dev[i].uuid, uuid) == 0)
-            return l->dev[i].memory_limit ? i : -1;
-    /* Entries without UUIDs: only unambiguous with exactly one device. */
-    if (l->device_count == 1 && !l->dev[0].uuid[0])
-        return l->dev[0].memory_limit ? 0 : -1;
-    return -1;
-}
-
-static uint64_t limit_of_slot(int s)
-{
-    return vc.limits.dev[s].memory_limit;
+    int s = vc_slot_for_uuid(uuid);
+    return vc_cap_of_slot(s) != VC_NO_CAP ? s : -1;
 }
 
 static struct view nvml_view(int s, uint64_t total, uint64_t free_b)
 {
-    if (atomic_load(&vc.phase) != VC_PHASE_READY)
-        vc.mem_limit[s] = limit_of_slot(s); /* NVML used before CUDA: same limits, same shared usage */
-    return view_of(s, total, free_b);
+    /* NVML may be used before CUDA: the same caps, the same shared usage. */
+    return view_with(s, vc_cap_of_slot(s), total, free_b);
 }
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)

@@ -40,7 +40,7 @@ static int counted_slot(int *rc)
     if (e == VC_PASS)
         return -1;
     int s = vc_current_slot();
-    if (s < 0 || vc.mem_limit[s] == 0)
+    if (s < 0 || vc.mem_limit[s] == VC_NO_CAP)
         return -1;
     return s;
 }
@@ -381,7 +381,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAl
     if (go < 0 || !prop || !h || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CALL_REAL(cuMemCreate, h, size, prop, flags); /* host memory is not device memory */
     int s = vc_slot_of(prop->location.id);
-    if (vc.mem_limit[s] == 0)
+    if (vc.mem_limit[s] == VC_NO_CAP)
         return CALL_REAL(cuMemCreate, h, size, prop, flags);
     if (reserve(s, size) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;

@@ -115,6 +115,8 @@ typedef ft_nvmlDeviceGetUUID *pfn_nvmlDeviceGetUUID;
 typedef nvmlReturn_t ft_nvmlDeviceGetProcessUtilization(nvmlDevice_t, nvmlProcessUtilizationSample_t *,
                                                             unsigned int *, unsigned long long);
 typedef ft_nvmlDeviceGetProcessUtilization *pfn_nvmlDeviceGetProcessUtilization;
+typedef nvmlReturn_t ft_nvmlDeviceGetUtilizationRates(nvmlDevice_t, nvmlUtilization_t *);
+typedef ft_nvmlDeviceGetUtilizationRates *pfn_nvmlDeviceGetUtilizationRates;
 typedef nvmlReturn_t ft_nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
 typedef ft_nvmlDeviceGetComputeRunningProcesses_v3 *pfn_nvmlDeviceGetComputeRunningProcesses_v3;
 typedef nvmlReturn_t ft_nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);

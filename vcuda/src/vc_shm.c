@@ -16,9 +16,17 @@
 
 static int my_slot = -1;
 static int my_pid;
+static char shm_path[1200];
 
-static uint64_t proc_start_time(int pid)
+const char *vc_shm_path(void)
 {
+    return shm_path;
+}
+
+/* State (field 3) and start time (field 22) of a process; 0 if unreadable. */
+static uint64_t proc_stat(int pid, char *state)
+{
+    *state = 0;
     char path[64], buf[1024];
     snprintf(path, sizeof(path), "/proc/%d/stat", pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -33,6 +41,8 @@ static uint64_t proc_start_time(int pid)
     char *p = strrchr(buf, ')');
     if (!p)
         return 0;
+    if (p[1] == ' ' && p[2])
+        *state = p[2];
     int field = 2;
     for (p++; *p && field < 22; p++)
         if (*p == ' ')
@@ -40,13 +50,24 @@ static uint64_t proc_start_time(int pid)
     return strtoull(p, NULL, 10);
 }
 
+static uint64_t proc_start_time(int pid)
+{
+    char state;
+    return proc_stat(pid, &state);
+}
+
+/* Gone, a zombie (killed or exited but not reaped: the driver has already
+ * freed its memory), or its pid now belongs to another process. */
 static int slot_is_dead(const struct vc_slot *sl)
 {
     if (sl->pid == 0)
         return 0;
     if (kill(sl->pid, 0) != 0 && errno == ESRCH)
         return 1;
-    uint64_t st = proc_start_time(sl->pid);
+    char state;
+    uint64_t st = proc_stat(sl->pid, &state);
+    if (state == 'Z' || state == 'X' || state == 'x')
+        return 1;
     return st != 0 && sl->start_time != 0 && st != sl->start_time;
 }
 
@@ -156,6 +177,7 @@ struct vc_shm *vc_shm_attach(const char *shared_dir, const char *key_path_a, con
         init_region(s); /* new file, or left half-made by a process that died under the flock */
     flock(fd, LOCK_UN);
     close(fd);
+    snprintf(shm_path, sizeof(shm_path), "%s", path);
     VC_DEBUG("shared state %s", path);
     return s;
 }
@@ -247,7 +269,7 @@ int vc_shm_reserve(struct vc_shm *s, int d, uint64_t bytes, uint64_t limit)
     lock(s);
     for (int attempt = 0; attempt < 2; attempt++) {
         uint64_t in_use = s->used[d] + s->overhead[d];
-        if (limit == 0 || (in_use <= limit && bytes <= limit - in_use)) {
+        if (limit == VC_NO_CAP || (in_use <= limit && bytes <= limit - in_use)) {
             s->used[d] += bytes;
             struct vc_slot *sl = mine(s);
             if (sl)

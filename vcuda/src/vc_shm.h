@@ -12,7 +12,7 @@
 #include "vc_common.h"
 
 #define VC_SHM_MAGIC 0x44554356u /* "VCUD" */
-#define VC_SHM_VERSION 1u
+#define VC_SHM_VERSION 2u
 #define VC_MAX_SLOTS 256
 
 struct vc_slot {
@@ -30,7 +30,15 @@ struct vc_throttle {
     _Atomic uint64_t refill_ns;           /* last refill */
     _Atomic uint64_t ctrl_ns;             /* last controller step */
     _Atomic uint32_t throttled;           /* a launch waited since the last controller step */
-    _Atomic uint32_t pad;
+    _Atomic uint32_t mode;                /* how utilisation is measured: enum vc_measure */
+    _Atomic uint32_t warned;              /* warnings given by the container: 1 not enforced, 2 device measure */
+    _Atomic uint32_t ramping;             /* climbing fast: step as soon as NVML has a new sample */
+    _Atomic uint64_t unit_x1e12;          /* device mode: card share per (cost unit/s), x1e12; 0 = unknown */
+    _Atomic uint64_t last_new_ns;         /* when NVML last had new per-process samples */
+    _Atomic uint64_t sample_gap_ns;       /* how often it has them (smoothed); 0 = not known yet */
+    _Atomic uint64_t ctrl_ok_ns;          /* last controller step that had a measurement */
+    _Atomic uint64_t dev_util;            /* device mode: last card utilisation read, x1000 */
+    _Atomic uint64_t dev_util_ns;         /* device mode: when that reading last changed */
     /* Written only by the process that won the controller step. */
     _Atomic uint64_t last_seen_ts;        /* NVML sample timestamp already consumed */
     _Atomic uint64_t last_sample_ns;      /* when a sample last arrived */
@@ -54,6 +62,13 @@ struct vc_shm {
     struct vc_slot slots[VC_MAX_SLOTS];
 };
 
+/* How the compute limiter measures the container's use of a device. */
+enum vc_measure {
+    VC_MEASURE_PROCESS = 0,  /* NVML per-process SM utilisation of the container's PIDs */
+    VC_MEASURE_DEVICE = 1,   /* NVML device utilisation (per-process not supported) */
+    VC_MEASURE_NONE = 2      /* no measure: the limit is not enforced */
+};
+
 /* Map (creating if needed) the region for this container. Falls back to a
  * private region if the shared one cannot be used. Never fails. */
 struct vc_shm *vc_shm_attach(const char *shared_dir, const char *key_path_a, const char *key_path_b);
@@ -67,7 +82,7 @@ void vc_shm_forget_slot(void);
 void vc_shm_release_slot(struct vc_shm *s);
 
 /* Reserve bytes on device slot d if used + overhead + bytes <= limit.
- * 0 = reserved, -1 = over the limit. limit 0 = no limit (still counted). */
+ * 0 = reserved, -1 = over the limit. limit VC_NO_CAP = no limit (still counted). */
 int vc_shm_reserve(struct vc_shm *s, int d, uint64_t bytes, uint64_t limit);
 void vc_shm_unreserve(struct vc_shm *s, int d, uint64_t bytes);
 /* Memory the container uses on d (allocations + overhead). */
@@ -78,6 +93,8 @@ void vc_shm_set_overhead(struct vc_shm *s, int d, uint64_t bytes);
 uint64_t vc_shm_own_used(struct vc_shm *s, int d);
 /* Free the slots of processes that are gone. */
 void vc_shm_sweep(struct vc_shm *s);
+/* Path of the shared file ("" for a private region). */
+const char *vc_shm_path(void);
 /* Host pids of the live processes of the container (up to cap). */
 int vc_shm_host_pids(struct vc_shm *s, int *out, int cap);
 

@@ -177,31 +177,31 @@ static int map_devices(void)
             }
         }
     }
-    uint64_t strictest = 0;
-    for (int i = 0; i < l->device_count; i++) {
-        vc.mem_limit[i] = l->dev[i].memory_limit;
-        if (l->dev[i].memory_limit && (!strictest || l->dev[i].memory_limit < strictest))
-            strictest = l->dev[i].memory_limit;
-    }
-    vc.mem_limit[VC_UNMATCHED] = strictest;
+    for (int s = 0; s < VC_MAX_DEV; s++)
+        vc.mem_limit[s] = vc_cap_of_slot(s);
     vc.ndev = count;
     int throttle = l->core_limit > 0 && l->core_limit < 100;
     for (int d = 0; d < count; d++) {
         int s = vc.slot_of[d];
         if (s == VC_UNMATCHED)
-            VC_WARN("device %d (%s) is not named in the limits; it gets the strictest memory limit (%llu bytes)", d,
-                    vc.uuid[d][0] ? vc.uuid[d] : "unknown UUID", (unsigned long long)strictest);
+            VC_ERROR("device %d (%s) is not named in the limits (%d entries), so its memory is refused to this "
+                     "container: every allocation on it returns CUDA_ERROR_OUT_OF_MEMORY",
+                     d, vc.uuid[d][0] ? vc.uuid[d] : "unknown UUID", l->device_count);
         if (!vc.nvml[s] && vc.uuid[d][0])
             vc.nvml[s] = nvml_handle_for(vc.uuid[d]);
         if (throttle) {
             if (vc.nvml[s])
                 vc_throttle_enable(s, vc.shm);
             else
-                VC_WARN("device %d: NVML cannot report its utilisation, so its compute limit is not enforced", d);
+                vc_throttle_unmeasurable(s, vc.shm, d, "NVML does not know the device");
         }
-        VC_INFO("device %d %s -> slot %d: memory limit %llu bytes, compute %s%d%%", d, vc.uuid[d], s,
-                (unsigned long long)vc.mem_limit[s], throttle ? (l->hard_limit ? "hard " : "soft ") : "unlimited ",
-                throttle ? l->core_limit : 100);
+        char mem[32];
+        if (vc.mem_limit[s] == VC_NO_CAP)
+            snprintf(mem, sizeof(mem), "none");
+        else
+            snprintf(mem, sizeof(mem), "%llu bytes", (unsigned long long)vc.mem_limit[s]);
+        VC_INFO("device %d %s -> slot %d: memory limit %s, compute %s%d%%", d, vc.uuid[d], s, mem,
+                throttle ? (l->hard_limit ? "hard " : "soft ") : "unlimited ", throttle ? l->core_limit : 100);
     }
     vc.single_slot = count == 1 ? vc.slot_of[0] : -1;
     return 0;
@@ -242,6 +242,36 @@ int vc_enter_slow(void)
         return VC_PASS;
     vc_devices_init();
     return atomic_load(&vc.phase) == VC_PHASE_READY ? VC_GO : VC_PASS;
+}
+
+uint64_t vc_cap_of_slot(int s)
+{
+    if (s < 0 || s >= vc.limits.device_count || s >= VC_MAX_LIMIT_DEV)
+        return 0; /* not named in the limits: fail closed */
+    uint64_t m = vc.limits.dev[s].memory_limit;
+    return m ? m : VC_NO_CAP;
+}
+
+int vc_slot_for_uuid(const char *uuid)
+{
+    const struct vc_limits *l = &vc.limits;
+    if (atomic_load(&vc.phase) == VC_PHASE_READY)
+        for (int d = 0; d < vc.ndev; d++)
+            if (vc.uuid[d][0] && uuid_eq(vc.uuid[d], uuid))
+                return vc.slot_of[d];
+    for (int i = 0; i < l->device_count; i++)
+        if (l->dev[i].uuid[0] && uuid_eq(l->dev[i].uuid, uuid))
+            return i;
+    /* A device CUDA has not mapped: a UUID-less entry is unambiguous only
+     * when it is the only entry and no CUDA device took it. */
+    if (l->device_count == 1 && !l->dev[0].uuid[0]) {
+        if (atomic_load(&vc.phase) == VC_PHASE_READY)
+            for (int d = 0; d < vc.ndev; d++)
+                if (vc.slot_of[d] == 0)
+                    return VC_UNMATCHED;
+        return 0;
+    }
+    return VC_UNMATCHED;
 }
 
 int vc_current_slot(void)

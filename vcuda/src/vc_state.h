@@ -30,7 +30,7 @@ struct vc_state {
     int ndev;                     /* CUDA devices this process sees */
     int slot_of[VC_MAX_DEV];      /* CUdevice -> container device slot */
     int single_slot;              /* the slot when the process sees one device, else -1 */
-    uint64_t mem_limit[VC_MAX_DEV]; /* per slot, 0 = no cap */
+    uint64_t mem_limit[VC_MAX_DEV]; /* per slot: bytes, VC_NO_CAP, 0 = none at all */
     uint64_t pitch_align[VC_MAX_DEV]; /* per CUdevice */
     nvmlDevice_t nvml[VC_MAX_DEV];  /* per slot, NULL if unknown */
     char uuid[VC_MAX_DEV][96];      /* per CUdevice */
@@ -59,6 +59,11 @@ static inline int vc_slot_of(CUdevice d)
 {
     return (d >= 0 && d < vc.ndev) ? vc.slot_of[d] : VC_UNMATCHED;
 }
+/* Container slot of a device by UUID, by the same rule as CUDA's devices
+ * (VC_UNMATCHED when no entry is its). */
+int vc_slot_for_uuid(const char *uuid);
+/* Memory cap of a slot: bytes, VC_NO_CAP, or 0 for VC_UNMATCHED. */
+uint64_t vc_cap_of_slot(int s);
 /* Slot of the calling thread's current context, -1 if there is none. */
 int vc_current_slot(void);
 /* Print the fail-closed line (once per process). */

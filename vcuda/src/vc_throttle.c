@@ -12,6 +12,7 @@
 #include "vc_log.h"
 #include "vc_pfn.h"
 #include "vc_state.h"
+#include "vc_status.h"
 
 struct vc_throttle *vc_thr[VC_MAX_DEV];
 _Atomic uint64_t vc_cost_avg;
@@ -22,7 +23,11 @@ _Atomic uint64_t vc_cost_avg;
 #define CTRL_PERIOD_NS 100000000ull     /* controller step every 100 ms */
 #define WATCH_TICK_NS 5000000ull        /* watcher wakes every 5 ms */
 #define SLOW_PERIOD_NS 1000000000ull    /* memory overhead and sweep every second */
-#define NO_SAMPLE_IDLE_NS 1000000000ull /* no NVML sample for 1 s = idle */
+#define NO_SAMPLE_MIN_NS 250000000ull   /* no NVML sample for 2.5 sampling periods (at least 250 ms, */
+#define NO_SAMPLE_MAX_NS 2000000000ull  /* at most 2 s; 1 s while the period is unknown) = below NVML's */
+#define NO_SAMPLE_UNKNOWN_NS 1000000000ull /* resolution */
+#define RAMP_PERIOD_NS 10000000ull     /* while ramping up: step on each new NVML sample, polled every 10 ms */
+#define RAMP_MAX 64.0                   /* step factor cap (before the square root) far below the target */
 #define SOFT_MARGIN 50                  /* per mille left free when borrowing */
 #define STALE_NS 1000000000ull          /* controller not stepped for 1 s: its state is stale */
 
@@ -67,9 +72,46 @@ void vc_throttle_enable(int slot, struct vc_shm *shm)
         atomic_store(&t->throttled, 0);
         atomic_store(&t->ctrl_added, atomic_load(&t->added));
         atomic_store(&t->ctrl_tokens, 0);
+        atomic_store(&t->ctrl_ok_ns, 0);
+        atomic_store(&t->dev_util_ns, 0);
         atomic_store(&t->last_sample_ns, 0);
+        atomic_store(&t->last_seen_ts, 0); /* the next answer is a baseline, not a measurement */
+        atomic_store(&t->unit_x1e12, 0);
+        atomic_store(&t->ramping, 0);
+        atomic_store(&t->mode, VC_MEASURE_PROCESS);
     }
     vc_thr[slot] = t;
+}
+
+/* Change how device slot s is measured (once per change, by whichever
+ * process sees it first), tell the agent through the status file, and warn. */
+static void set_mode(int s, struct vc_throttle *t, unsigned from, unsigned to, const char *why)
+{
+    if (!atomic_compare_exchange_strong(&t->mode, &from, to))
+        return;
+    if (to == VC_MEASURE_NONE)
+        atomic_store(&t->tokens, INT64_MAX / 2); /* release every waiting launch */
+    vc_status_write(cfg.shm ? cfg.shm : vc.shm);
+    if (to == VC_MEASURE_DEVICE && (atomic_fetch_or(&t->warned, 2u) & 2u) == 0)
+        VC_WARN("device slot %d: NVML does not report per-process utilisation (%s); its compute limit is "
+                "enforced from the device's utilisation",
+                s, why);
+    else if (to == VC_MEASURE_NONE && (atomic_fetch_or(&t->warned, 1u) & 1u) == 0)
+        VC_WARN("device slot %d: NVML reports no utilisation for it (%s), so its compute limit is not enforced "
+                "(running unthrottled; memory is still limited)",
+                s, why);
+}
+
+void vc_throttle_unmeasurable(int slot, struct vc_shm *shm, int dev, const char *why)
+{
+    VC_DEBUG("device %d (slot %d) cannot be measured: %s", dev, slot, why);
+    cfg.shm = shm;
+    struct vc_throttle *t = &shm->thr[slot];
+    unsigned cur = atomic_load(&t->mode);
+    if (cur != VC_MEASURE_NONE)
+        set_mode(slot, t, cur, VC_MEASURE_NONE, why);
+    else if ((atomic_fetch_or(&t->warned, 1u) & 1u) == 0)
+        VC_WARN("device slot %d: %s, so its compute limit is not enforced", slot, why);
 }
 
 void vc_throttle_after_fork(void)
@@ -127,6 +169,8 @@ void vc_throttle_wait(struct vc_throttle *t, uint64_t cost)
         atomic_fetch_add(&t->tokens, (int64_t)cost);
     }
     for (;;) {
+        if (atomic_load_explicit(&t->mode, memory_order_relaxed) == VC_MEASURE_NONE)
+            return; /* nothing to measure by: not enforced */
         if (atomic_load_explicit(&t->tokens, memory_order_relaxed) > 0) {
             if (atomic_fetch_sub(&t->tokens, (int64_t)cost) > 0)
                 return;
@@ -150,13 +194,16 @@ static int in_set(unsigned pid, const int *set, int n)
 }
 
 /* Read new NVML samples for device slot s: own and other utilisation x1000.
- * Returns 0 with values, 1 if there is nothing new, -1 on error. */
+ * Returns 0 with values, 1 if there is nothing new, -1 on error, -2 when
+ * NVML cannot report per-process utilisation at all. */
 static int sample(int s, struct vc_throttle *t, uint64_t now, uint64_t *own, uint64_t *other)
 {
     pfn_nvmlDeviceGetProcessUtilization get = REAL_I(nvmlDeviceGetProcessUtilization);
     nvmlDevice_t h = vc.nvml[s];
-    if (!get || !h)
+    if (!h)
         return -1;
+    if (!get)
+        return -2;
     nvmlProcessUtilizationSample_t stackbuf[64], *buf = stackbuf;
     unsigned int n = 64;
     unsigned long long last = atomic_load(&t->last_seen_ts);
@@ -171,7 +218,14 @@ static int sample(int s, struct vc_throttle *t, uint64_t now, uint64_t *own, uin
         if (buf != stackbuf)
             free(buf);
         uint64_t ls = atomic_load(&t->last_sample_ns);
-        if (ls && now - ls < NO_SAMPLE_IDLE_NS)
+        if (!ls) {
+            atomic_store(&t->last_sample_ns, now); /* NVML may not have sampled yet: wait a little */
+            return 1;
+        }
+        uint64_t gap = atomic_load(&t->sample_gap_ns);
+        uint64_t idle = gap ? gap * 5 / 2 : NO_SAMPLE_UNKNOWN_NS;
+        idle = idle < NO_SAMPLE_MIN_NS ? NO_SAMPLE_MIN_NS : (idle > NO_SAMPLE_MAX_NS ? NO_SAMPLE_MAX_NS : idle);
+        if (now - ls < idle)
             return 1;
         atomic_store(&t->last_sample_ns, now);
         *own = *other = 0;
@@ -180,7 +234,7 @@ static int sample(int s, struct vc_throttle *t, uint64_t now, uint64_t *own, uin
     if (r != NVML_SUCCESS) {
         if (buf != stackbuf)
             free(buf);
-        return -1;
+        return r == NVML_ERROR_NOT_SUPPORTED ? -2 : -1;
     }
     int pids[VC_MAX_SLOTS];
     int np = vc_shm_host_pids(vc.shm, pids, VC_MAX_SLOTS);
@@ -212,16 +266,102 @@ static int sample(int s, struct vc_throttle *t, uint64_t now, uint64_t *own, uin
         free(buf);
     atomic_store(&t->last_seen_ts, newest);
     atomic_store(&t->last_sample_ns, now);
+    /* Learn NVML's sampling period from how often new samples arrive. */
+    uint64_t prev = atomic_exchange(&t->last_new_ns, now);
+    if (prev && now > prev && now - prev <= NO_SAMPLE_MAX_NS) { /* longer: the container was idle */
+        uint64_t g = now - prev, gap = atomic_load(&t->sample_gap_ns);
+        atomic_store(&t->sample_gap_ns, gap ? (gap * 3 + g) / 4 : g);
+    }
+    if (last == 0)
+        return 1; /* the first answer averages over time before this workload began: a baseline only */
     *own = own_sum > 1000 ? 1000 : own_sum;
     *other = other_sum > 1000 ? 1000 : other_sum;
     return 0;
 }
 
-/* sqrt for f in [0.5, 4] without libm: Newton's method converges in a few steps. */
+/* Is any process outside the container running on device slot s? -1 if NVML cannot say. */
+static int others_running(int s)
+{
+    nvmlDevice_t h = vc.nvml[s];
+    nvmlProcessInfo_t buf[64];
+    unsigned int n = 64;
+    nvmlReturn_t r = NVML_ERROR_FUNCTION_NOT_FOUND;
+    int v1 = 0;
+    if (REAL_I(nvmlDeviceGetComputeRunningProcesses_v3))
+        r = REAL_I(nvmlDeviceGetComputeRunningProcesses_v3)(h, &n, buf);
+    else if (REAL_I(nvmlDeviceGetComputeRunningProcesses_v2))
+        r = REAL_I(nvmlDeviceGetComputeRunningProcesses_v2)(h, &n, buf);
+    else if (REAL_I(nvmlDeviceGetComputeRunningProcesses)) {
+        v1 = 1;
+        r = REAL_I(nvmlDeviceGetComputeRunningProcesses)(h, &n, (nvmlProcessInfo_v1_t *)buf);
+    }
+    if (r == NVML_ERROR_INSUFFICIENT_SIZE)
+        return 1; /* more than 64 processes: certainly not all ours */
+    if (r != NVML_SUCCESS)
+        return -1;
+    int pids[VC_MAX_SLOTS];
+    int np = vc_shm_host_pids(vc.shm, pids, VC_MAX_SLOTS);
+    for (unsigned i = 0; i < n && i < 64; i++) {
+        unsigned pid = v1 ? ((nvmlProcessInfo_v1_t *)buf)[i].pid : buf[i].pid;
+        if (!in_set(pid, pids, np))
+            return 1;
+    }
+    return 0;
+}
+
+/* Device mode: the card's utilisation stands for the container's own when no
+ * other process runs on the card; while that holds, the limiter also learns
+ * what share of the card one cost unit per second takes, and uses it to
+ * estimate its own share once others arrive. Without that estimate it takes
+ * the whole card's utilisation as its own: never more than its share.
+ * Returns 0 with values, 1 if there is nothing new, -1 on a transient
+ * error, -2 if unsupported. */
+static int sample_device(int s, struct vc_throttle *t, uint64_t now, double spent_rate, uint64_t *own,
+                         uint64_t *other)
+{
+    pfn_nvmlDeviceGetUtilizationRates get = REAL_I(nvmlDeviceGetUtilizationRates);
+    nvmlDevice_t h = vc.nvml[s];
+    if (!h)
+        return -1;
+    if (!get)
+        return -2;
+    nvmlUtilization_t u;
+    nvmlReturn_t r = get(h, &u);
+    if (r == NVML_ERROR_NOT_SUPPORTED)
+        return -2;
+    if (r != NVML_SUCCESS)
+        return -1;
+    uint64_t card = (u.gpu > 100 ? 100 : u.gpu) * 10ull;
+    /* NVML holds the figure for its whole sampling period (1/6 s to 1 s): the
+     * same figure again is most likely the same sample, and stepping on it
+     * twice would over-correct. Step when it changes, or after a second. */
+    uint64_t changed = atomic_load(&t->dev_util_ns);
+    if (atomic_exchange(&t->dev_util, card) == card && changed && now - changed < SLOW_PERIOD_NS)
+        return 1;
+    atomic_store(&t->dev_util_ns, now);
+    int foreign = others_running(s);
+    double unit = (double)atomic_load(&t->unit_x1e12) / 1e12;
+    if (foreign == 0) {
+        *own = card;
+        *other = 0;
+        if (spent_rate > 0 && card >= 20 && card <= 950) {
+            double k = (double)card / 1000.0 / spent_rate;
+            unit = unit > 0 ? unit * 0.75 + k * 0.25 : k;
+            atomic_store(&t->unit_x1e12, (uint64_t)(unit * 1e12));
+        }
+        return 0;
+    }
+    double est = unit > 0 && spent_rate > 0 ? unit * spent_rate * 1000.0 : (double)card;
+    *own = est < (double)card ? (uint64_t)est : card;
+    *other = card - *own;
+    return 0;
+}
+
+/* sqrt for f in [0.5, 64] without libm: Newton's method converges in a few steps. */
 static double root(double f)
 {
     double x = (f + 1.0) / 2.0;
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < 8; i++)
         x = (x + f / x) / 2.0;
     return x;
 }
@@ -229,13 +369,52 @@ static double root(double f)
 static void control(int s, struct vc_throttle *t, uint64_t now)
 {
     uint64_t last = atomic_load(&t->ctrl_ns);
-    if (last && now - last < CTRL_PERIOD_NS - CTRL_PERIOD_NS / 10)
+    unsigned mode = atomic_load(&t->mode);
+    /* Eager: per-process samples are what a held-back container waits for to
+     * climb (a cold start, or a fast ramp): poll for them instead of stepping
+     * on a fixed beat. Never when idle (polling NVML costs), nor in device
+     * mode (device utilisation is always there, so it would step on old news). */
+    int eager = mode == VC_MEASURE_PROCESS &&
+                (atomic_load(&t->ramping) || (atomic_load(&t->last_seen_ts) == 0 && atomic_load(&t->throttled)));
+    uint64_t gap = eager ? RAMP_PERIOD_NS : CTRL_PERIOD_NS - CTRL_PERIOD_NS / 10;
+    if (last && now - last < gap)
         return;
     if (!atomic_compare_exchange_strong(&t->ctrl_ns, &last, now))
         return; /* another process of the container steps this device */
-    uint64_t own, other;
-    if (sample(s, t, now, &own, &other) != 0)
+    if (mode == VC_MEASURE_NONE)
         return;
+    /* What the container really spent since the last step (tokens added minus
+     * the change in the bucket). */
+    uint64_t added = atomic_load(&t->added);
+    int64_t tokens = atomic_load(&t->tokens);
+    int64_t spent = (int64_t)(added - atomic_load(&t->ctrl_added)) - (tokens - atomic_load(&t->ctrl_tokens));
+    uint64_t since = atomic_load(&t->ctrl_ok_ns); /* what was spent is counted from the last measured step */
+    double spent_rate = since && now > since && spent > 0 ? (double)spent * 1e9 / (double)(now - since) : 0.0;
+    uint64_t own = 0, other = 0;
+    int rc = -1;
+    if (mode == VC_MEASURE_PROCESS) {
+        rc = sample(s, t, now, &own, &other);
+        if (rc == -2) {
+            set_mode(s, t, mode, VC_MEASURE_DEVICE, "not supported");
+            mode = VC_MEASURE_DEVICE;
+        }
+    }
+    if (mode == VC_MEASURE_DEVICE) {
+        rc = sample_device(s, t, now, spent_rate, &own, &other);
+        if (rc == -2) {
+            set_mode(s, t, mode, VC_MEASURE_NONE, "neither per-process nor device utilisation is supported");
+            return;
+        }
+    }
+    if (rc != 0) {
+        uint64_t mine = now;
+        if (rc == 1 && eager)
+            atomic_compare_exchange_strong(&t->ctrl_ns, &mine, last); /* nothing new: this was no step */
+        return;
+    }
+    atomic_store(&t->ctrl_added, added);
+    atomic_store(&t->ctrl_tokens, tokens);
+    atomic_store(&t->ctrl_ok_ns, now);
     uint64_t other_s = atomic_load(&t->other_x1000);
     other_s = (other_s + other) / 2;
     atomic_store(&t->other_x1000, other_s);
@@ -251,19 +430,8 @@ static void control(int s, struct vc_throttle *t, uint64_t now)
     }
     atomic_store(&t->target_x1000, (uint64_t)target);
     uint64_t rate = atomic_load(&t->rate);
-    /* What the container really spent since the last step (tokens added minus
-     * the change in the bucket). When it is over its share while spending
-     * less than the rate allows (the driver's queue, not the bucket, holds it
-     * back), correct from what it spent, or the rate would take many steps to
-     * come down from a level it does not even use. */
-    uint64_t added = atomic_load(&t->added);
-    int64_t tokens = atomic_load(&t->tokens);
-    int64_t spent = (int64_t)(added - atomic_load(&t->ctrl_added)) - (tokens - atomic_load(&t->ctrl_tokens));
-    atomic_store(&t->ctrl_added, added);
-    atomic_store(&t->ctrl_tokens, tokens);
     if (rate == 0)
         return;
-    double spent_rate = last && now > last && spent > 0 ? (double)spent * 1e9 / (double)(now - last) : 0.0;
     int throttled = atomic_exchange(&t->throttled, 0) != 0;
     double f = 1.0;
     if (own > 0) {
@@ -272,12 +440,21 @@ static void control(int s, struct vc_throttle *t, uint64_t now)
         else
             f = (double)target / (double)own;
     } else if (throttled) {
-        f = 4.0; /* held back but no measurable use yet: double */
+        f = RAMP_MAX; /* held back, yet its use is below what NVML can see */
     }
+    /* Far below the target while held back: the container's own evidence (it
+     * waits for tokens, yet uses a small fraction of its share) says the rate
+     * is far too low, so climb fast (up to x8 a step) instead of doubling. */
+    double fmax = throttled && (int64_t)own * 4 < target ? RAMP_MAX : 4.0;
     if (f < 0.5)
         f = 0.5;
-    if (f > 4.0)
-        f = 4.0;
+    if (f > fmax)
+        f = fmax;
+    atomic_store(&t->ramping, mode == VC_MEASURE_PROCESS && fmax == RAMP_MAX && f > 4.0);
+    /* When the container is over its share while spending less than the
+     * rate allows (the driver's queue, not the bucket, holds it back),
+     * correct from what it spent, or the rate would take many steps to come
+     * down from a level it does not even use. */
     double base = (double)rate;
     if ((int64_t)own > target && spent_rate > 0 && spent_rate < base)
         base = spent_rate;
@@ -360,13 +537,18 @@ static void *watcher(void *arg)
             struct vc_throttle *t = vc_thr[s];
             if (!t)
                 continue;
+            if (atomic_load(&t->mode) == VC_MEASURE_NONE) {
+                atomic_store(&t->tokens, INT64_MAX / 2); /* not enforced: launches never wait */
+                atomic_store(&t->ctrl_ns, now);          /* and still current: no cold restart re-probes it */
+                continue;
+            }
             refill(t, now);
             control(s, t, now);
         }
         if (now >= next_slow) {
             next_slow = now + SLOW_PERIOD_NS;
             for (int s = 0; s < VC_MAX_DEV; s++)
-                if (vc.mem_limit[s] && vc.nvml[s])
+                if (vc.mem_limit[s] != VC_NO_CAP && vc.mem_limit[s] && vc.nvml[s])
                     overhead(s);
             vc_shm_sweep(vc.shm);
         }
@@ -380,7 +562,7 @@ void vc_watcher_start(void)
 {
     int any = 0;
     for (int s = 0; s < VC_MAX_DEV; s++)
-        if (vc_thr[s] || (vc.mem_limit[s] && vc.nvml[s]))
+        if (vc_thr[s] || (vc.mem_limit[s] != VC_NO_CAP && vc.mem_limit[s] && vc.nvml[s]))
             any = 1;
     if (!any || atomic_exchange(&watcher_running, 1))
         return;

@@ -22,6 +22,8 @@ extern _Atomic uint64_t vc_cost_avg;
 void vc_throttle_configure(int core_limit, int hard, int ceiling);
 void vc_throttle_enable(int slot, struct vc_shm *shm);
 void vc_throttle_wait(struct vc_throttle *t, uint64_t cost);
+/* Device slot `slot` cannot be measured at all: not enforced, said once. */
+void vc_throttle_unmeasurable(int slot, struct vc_shm *shm, int dev, const char *why);
 void vc_throttle_after_fork(void);
 void vc_watcher_start(void);
 

@@ -152,9 +152,9 @@ def several_devices(fx: Fixture) -> None:
         d0, d1 = r.line("DEV 0").split(), r.line("DEV 1").split()
         assert d0[2] == UUID_C and d0[3] == f"total={2 * GiB}" and d0[4:] == ["over=2", "fits=0"], r.out
         assert d1[2] == UUID_A and d1[3] == f"total={1 * GiB}" and d1[4:] == ["over=2", "fits=0"], r.out
-    # A device the limits do not name gets the strictest limit, not the whole card.
-    r = c.run("vcmem", "devices", env=c.env(node, CUDA_VISIBLE_DEVICES="1")).ok()
-    assert r.line("DEV 0").split()[2:4] == [UUID_B, f"total={1 * GiB}"], r.out
+    # A device the limits do not name gets no memory at all (fail closed), not the whole card.
+    r = c.run("vcmem", "devices", env=c.env(node, CUDA_VISIBLE_DEVICES="1"))
+    assert r.line("DEV 0").split()[2:5] == [UUID_B, "total=0", "over=2"], r.out
 
 
 @case("memory: a whole-card container has no cap and no throttling")

@@ -15,6 +15,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import bench_compute  # noqa: E402
 from harness import UUID_A, Fixture, GiB  # noqa: E402
 
 
@@ -31,7 +32,16 @@ def main() -> int:
         env = c.env(node, FAKEGPU_BLOCK_NS="1")  # kernels of ~1 ns: far under the 50% limit
         print("libvcuda added cost (fake driver, LD_PRELOAD, memory limit 32 GiB, compute limit 50%):")
         p = subprocess.run([str(build / "vcbench")], env=env, cwd=tmp, text=True, timeout=120)
-        return p.returncode
+        if p.returncode != 0:
+            return p.returncode
+
+        def fixture(name: str) -> Fixture:
+            d = tmp / name
+            d.mkdir()
+            return Fixture(build, d, name)
+
+        bench_compute.run(fixture)
+        return 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -6,7 +6,8 @@
 
 Supports core/v1 pods, nodes and events (get, list with label and field selectors and paging, watch with
 resume and 410, create, replace, merge / strategic-merge / JSON patch, delete, status subresource), pod
-bindings, discovery, and 409 conflicts on stale resourceVersions.
+bindings, discovery, and 409 conflicts on stale resourceVersions; and resource.k8s.io/v1 ResourceSlices,
+ResourceClaims (status subresource), ResourceClaimTemplates and DeviceClasses with the same verbs.
 """
 
 from gpumgr.sim.kubeapi.errors import ApiError

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpumgr.sim.kubeapi.objects import resource_kinds
+from gpumgr.sim.kubeapi.objects import RESOURCE_GROUP, resource_kinds
 
 _VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 
 
 def version() -> dict[str, Any]:
-    return {"major": "1", "minor": "33", "gitVersion": "v1.33.0-gpumgr-sim", "gitCommit": "",
+    return {"major": "1", "minor": "34", "gitVersion": "v1.34.0-gpumgr-sim", "gitCommit": "",
             "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "", "compiler": "gc",
             "platform": "linux/amd64"}
 
@@ -21,20 +21,39 @@ def api_versions(server_address: str) -> dict[str, Any]:
 
 
 def api_groups() -> dict[str, Any]:
-    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [resource_group()]}
+
+
+def resource_group() -> dict[str, Any]:
+    gv = {"groupVersion": f"{RESOURCE_GROUP}/v1", "version": "v1"}
+    return {"kind": "APIGroup", "apiVersion": "v1", "name": RESOURCE_GROUP, "versions": [gv],
+            "preferredVersion": gv}
+
+
+def group_resources() -> dict[str, Any]:
+    return _resource_list(RESOURCE_GROUP)
 
 
 def core_resources() -> dict[str, Any]:
+    body = _resource_list("")
+    resources = body["resources"]
+    resources.append({"name": "pods/binding", "singularName": "", "namespaced": True, "kind": "Binding",
+                      "verbs": ["create"]})
+    resources.append({"name": "bindings", "singularName": "binding", "namespaced": True, "kind": "Binding",
+                      "verbs": ["create"]})
+    return body
+
+
+def _resource_list(group: str) -> dict[str, Any]:
     resources: list[dict[str, Any]] = []
     for kind in resource_kinds().values():
+        if kind.group != group:
+            continue
         resources.append({"name": kind.plural, "singularName": kind.kind.lower(),
                           "namespaced": kind.namespaced, "kind": kind.kind, "verbs": list(_VERBS)})
         if kind.has_status:
             resources.append({"name": f"{kind.plural}/status", "singularName": "",
                               "namespaced": kind.namespaced, "kind": kind.kind,
                               "verbs": ["get", "patch", "update"]})
-    resources.append({"name": "pods/binding", "singularName": "", "namespaced": True, "kind": "Binding",
-                      "verbs": ["create"]})
-    resources.append({"name": "bindings", "singularName": "binding", "namespaced": True, "kind": "Binding",
-                      "verbs": ["create"]})
-    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "v1", "resources": resources}
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/v1" if group else "v1",
+            "resources": resources}

@@ -27,7 +27,7 @@ def list_body(kind: ResourceKind, items: list[dict[str, Any]], resource_version:
         items = items[:limit]
         metadata["continue"] = _encode_token(_sort_key(items[-1]), resource_version)
         metadata["remainingItemCount"] = remaining
-    return {"kind": kind.list_kind, "apiVersion": "v1", "metadata": metadata, "items": items}
+    return {"kind": kind.list_kind, "apiVersion": kind.api_version, "metadata": metadata, "items": items}
 
 
 def _sort_key(obj: dict[str, Any]) -> tuple[str, str]:

@@ -6,7 +6,10 @@ Rules follow the real API server where our clients could notice the difference:
 - an update of the main resource keeps the old `status`; the `status` subresource changes only `status`;
 - a pod's spec is immutable apart from images, tolerations, `activeDeadlineSeconds` and scheduling gates;
   `spec.nodeName` is set only by a binding;
-- labels and annotations must be string maps (400 otherwise), names must be DNS subdomains (422).
+- labels and annotations must be string maps (400 otherwise), names must be DNS subdomains (422);
+- `resource.k8s.io/v1` objects (ResourceSlice, ResourceClaim, ResourceClaimTemplate, DeviceClass) carry
+  `metadata.generation`, bumped when the spec changes; a ResourceClaim's spec is immutable and its `status`
+  (allocation, reservedFor, devices) is written through the status subresource only.
 """
 
 from __future__ import annotations
@@ -47,7 +50,24 @@ def resource_kinds() -> Mapping[str, ResourceKind]:
                         "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
                         "involvedObject.apiVersion", "involvedObject.resourceVersion",
                         "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"))
-    return types.MappingProxyType({k.plural: k for k in (pods, nodes, events)})
+    slices = ResourceKind(
+        plural="resourceslices", kind="ResourceSlice", namespaced=False, has_status=False,
+        returns_deleted_object=True, group=RESOURCE_GROUP,
+        fields=_getters("metadata.name", "spec.nodeName", "spec.driver", "spec.pool.name"))
+    claims = ResourceKind(
+        plural="resourceclaims", kind="ResourceClaim", namespaced=True, has_status=True,
+        returns_deleted_object=True, group=RESOURCE_GROUP, fields=_getters("metadata.name", "metadata.namespace"))
+    templates = ResourceKind(
+        plural="resourceclaimtemplates", kind="ResourceClaimTemplate", namespaced=True, has_status=False,
+        returns_deleted_object=True, group=RESOURCE_GROUP, fields=_getters("metadata.name", "metadata.namespace"))
+    classes = ResourceKind(
+        plural="deviceclasses", kind="DeviceClass", namespaced=False, has_status=False,
+        returns_deleted_object=True, group=RESOURCE_GROUP, fields=_getters("metadata.name"))
+    return types.MappingProxyType({k.plural: k for k in (pods, nodes, events, slices, claims, templates, classes)})
+
+
+RESOURCE_GROUP = "resource.k8s.io"
+MAX_SLICE_DEVICES = 128
 
 
 def _getters(*paths: str) -> Mapping[str, FieldGetter]:
@@ -85,9 +105,9 @@ def decode_body(kind: ResourceKind, body: Any) -> dict[str, Any]:
     if body.get("kind") not in (None, "", kind.kind):
         raise bad_request(f"the kind in the body ({body.get('kind')}) does not match the expected kind "
                           f"{kind.kind}")
-    if body.get("apiVersion") not in (None, "", "v1"):
+    if body.get("apiVersion") not in (None, "", kind.api_version):
         raise bad_request(f"the API version in the body ({body.get('apiVersion')}) does not match the "
-                          "expected API version (v1)")
+                          f"expected API version ({kind.api_version})")
     check_metadata_types(body)
     return body
 
@@ -141,13 +161,41 @@ def validate(kind: ResourceKind, obj: dict[str, Any]) -> None:
             seen.add(cname)
     if kind.plural == "events" and not isinstance(obj.get("involvedObject"), dict):
         raise invalid(kind.plural, name, "involvedObject: Required value")
+    if kind.group == RESOURCE_GROUP:
+        _validate_resource(kind, name, obj)
+
+
+def _validate_resource(kind: ResourceKind, name: str, obj: dict[str, Any]) -> None:
+    spec = obj.get("spec")
+    if kind.plural != "deviceclasses" and not isinstance(spec, dict):
+        raise invalid(kind.plural, name, "spec: Required value")
+    if spec is not None and not isinstance(spec, dict):
+        raise invalid(kind.plural, name, "spec: Invalid value: must be an object")
+    if kind.plural == "resourceslices":
+        assert isinstance(spec, dict)
+        if not isinstance(spec.get("driver"), str) or not spec["driver"]:
+            raise invalid(kind.plural, name, "spec.driver: Required value")
+        pool = spec.get("pool")
+        if not isinstance(pool, dict) or not pool.get("name") or not isinstance(pool.get("generation", 0), int):
+            raise invalid(kind.plural, name, "spec.pool: Required value: name and generation")
+        devices = spec.get("devices") or []
+        if not isinstance(devices, list) or len(devices) > MAX_SLICE_DEVICES:
+            raise invalid(kind.plural, name, f"spec.devices: Too many: must have at most {MAX_SLICE_DEVICES} items")
+        seen: set[str] = set()
+        for i, d in enumerate(devices):
+            dname = d.get("name") if isinstance(d, dict) else None
+            if not isinstance(dname, str) or not _LABEL.match(dname) or len(dname) > 63:
+                raise invalid(kind.plural, name, f"spec.devices[{i}].name: Invalid value: {dname!r}")
+            if dname in seen:
+                raise invalid(kind.plural, name, f"spec.devices[{i}].name: Duplicate value: {dname!r}")
+            seen.add(dname)
 
 
 def prepare_create(kind: ResourceKind, body: dict[str, Any], namespace: str | None, *, uid: str, now: str,
                    name_suffix: str) -> dict[str, Any]:
     """The object to store for a create request (without resourceVersion, which the store assigns)."""
     obj = copy.deepcopy(body)
-    obj["kind"], obj["apiVersion"] = kind.kind, "v1"
+    obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
     meta = obj.setdefault("metadata", {}) or {}
     obj["metadata"] = meta
     if meta.get("resourceVersion"):
@@ -176,6 +224,10 @@ def prepare_create(kind: ResourceKind, body: dict[str, Any], namespace: str | No
             spec.setdefault("dnsPolicy", "ClusterFirst")
             spec.setdefault("terminationGracePeriodSeconds", 30)
         obj["status"] = {"phase": "Pending"}
+    if kind.group == RESOURCE_GROUP:
+        meta["generation"] = 1
+        if kind.has_status:
+            obj.pop("status", None)
     if kind.plural == "events":
         obj.setdefault("firstTimestamp", now)
         obj.setdefault("lastTimestamp", now)
@@ -207,11 +259,15 @@ def prepare_update(kind: ResourceKind, old: dict[str, Any], new: dict[str, Any],
             result.pop("status", None)
         return result
     result = copy.deepcopy(new)
-    result["kind"], result["apiVersion"] = kind.kind, "v1"
+    result["kind"], result["apiVersion"] = kind.kind, kind.api_version
     meta = result.setdefault("metadata", {})
-    for key in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"):
+    for key in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "generation"):
         if key in old["metadata"]:
             meta[key] = old["metadata"][key]
+    if kind.group == RESOURCE_GROUP and result.get("spec") != old.get("spec"):
+        if kind.plural == "resourceclaims":
+            raise invalid(kind.plural, name, "spec: Invalid value: field is immutable")
+        meta["generation"] = int(old["metadata"].get("generation") or 1) + 1
     if kind.has_status:
         if "status" in old:
             result["status"] = copy.deepcopy(old["status"])
@@ -263,6 +319,12 @@ class ResourceKind:
     has_status: bool
     returns_deleted_object: bool
     fields: Mapping[str, FieldGetter] = field(default_factory=dict, compare=False, hash=False)
+    group: str = ""  # "" = the core group
+    version: str = "v1"
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
 
     @property
     def list_kind(self) -> str:

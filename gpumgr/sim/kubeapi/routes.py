@@ -1,4 +1,5 @@
-"""HTTP routes of the test API server: the core/v1 REST paths for pods, nodes, events and bindings.
+"""HTTP routes of the test API server: the core/v1 REST paths for pods, nodes, events and bindings, and the
+`resource.k8s.io/v1` paths for ResourceSlices, ResourceClaims (with status), ResourceClaimTemplates, DeviceClasses.
 
 Every failure is a JSON `v1.Status` with the HTTP code and reason the real server would use.
 """
@@ -17,7 +18,7 @@ from aiohttp import web
 from gpumgr.sim.kubeapi import discovery, objects
 from gpumgr.sim.kubeapi.errors import ApiError, bad_request, invalid, success_status
 from gpumgr.sim.kubeapi.listing import list_body
-from gpumgr.sim.kubeapi.objects import ResourceKind
+from gpumgr.sim.kubeapi.objects import RESOURCE_GROUP, ResourceKind
 from gpumgr.sim.kubeapi.patch import PatchError, PatchFailed, json_patch, merge_patch, strategic_merge_patch
 from gpumgr.sim.kubeapi.selectors import ObjectFilter, parse_field_selector, parse_label_selector
 from gpumgr.sim.kubeapi.store import KubeStore, WatchEvent
@@ -52,6 +53,8 @@ def build_app(store: KubeStore, *, bookmark_interval: float = 5.0,
         add("GET", "/version" + slash, routes.static(discovery.version))
         add("GET", "/apis" + slash, routes.static(discovery.api_groups))
         add("GET", "/api/v1" + slash, routes.static(discovery.core_resources))
+        add("GET", f"/apis/{RESOURCE_GROUP}" + slash, routes.static(discovery.resource_group))
+        add("GET", f"/apis/{RESOURCE_GROUP}/v1" + slash, routes.static(discovery.group_resources))
         add("GET", "/api" + slash, routes.api_versions)
     for probe in ("/healthz", "/readyz", "/livez"):
         add("GET", probe, routes.health)
@@ -62,6 +65,13 @@ def build_app(store: KubeStore, *, bookmark_interval: float = 5.0,
     add("*", "/api/v1/{resource}", routes.collection)
     add("*", "/api/v1/{resource}/{name}", routes.item)
     add("*", "/api/v1/{resource}/{name}/{sub}", routes.subresource)
+    group = f"/apis/{RESOURCE_GROUP}/v1"
+    add("*", group + "/namespaces/{namespace}/{resource}", routes.collection)
+    add("*", group + "/namespaces/{namespace}/{resource}/{name}", routes.item)
+    add("*", group + "/namespaces/{namespace}/{resource}/{name}/{sub}", routes.subresource)
+    add("*", group + "/{resource}", routes.collection)
+    add("*", group + "/{resource}/{name}", routes.item)
+    add("*", group + "/{resource}/{name}/{sub}", routes.subresource)
     add("*", "/{tail:.*}", routes.unknown)
     return app
 
@@ -249,7 +259,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 def _resolve(request: web.Request, *, item: bool) -> tuple[ResourceKind, str | None]:
     namespace = request.match_info.get("namespace")
     kind = objects.resource_kinds().get(request.match_info["resource"])
-    if kind is None or (namespace is not None and not kind.namespaced):
+    group = RESOURCE_GROUP if request.path.startswith(f"/apis/{RESOURCE_GROUP}/") else ""
+    if kind is None or kind.group != group or (namespace is not None and not kind.namespaced):
         raise _no_such_path()
     if item and kind.namespaced and namespace is None:
         raise _no_such_path()

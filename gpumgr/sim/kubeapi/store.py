@@ -232,6 +232,32 @@ class KubeStore:
     def delete_node(self, name: str) -> Obj:
         return copy.deepcopy(self.delete("nodes", None, name))
 
+    # resource.k8s.io/v1 and any other resource, by plural (`resourceslices`, `resourceclaims`, ...)
+    def create_object(self, resource: str, body: Obj, namespace: str | None = None) -> Obj:
+        """Create as given (a `status` in `body` is kept, as a controller would write it). Returns a copy."""
+        kind = objects.resource_kinds()[resource]
+        if kind.namespaced:
+            namespace = namespace or (body.get("metadata") or {}).get("namespace") or "default"
+        return self._create_direct(resource, namespace if kind.namespaced else None, body)
+
+    def get_object(self, resource: str, name: str, namespace: str | None = None) -> Obj | None:
+        kind = objects.resource_kinds()[resource]
+        return self._get_copy(resource, (namespace or "default") if kind.namespaced else None, name)
+
+    def list_resource(self, resource: str, namespace: str | None = None) -> list[Obj]:
+        with self._lock:
+            return copy.deepcopy([o for _, o in sorted(self._objects[resource].items())
+                                  if namespace in (None, o["metadata"].get("namespace"))])
+
+    def merge_patch_object(self, resource: str, name: str, patch: Obj, namespace: str | None = None) -> Obj:
+        """JSON-merge-patch anything, status included, unconditionally. Returns a copy."""
+        kind = objects.resource_kinds()[resource]
+        return self._merge_direct(resource, (namespace or "default") if kind.namespaced else None, name, patch)
+
+    def delete_object(self, resource: str, name: str, namespace: str | None = None) -> Obj:
+        kind = objects.resource_kinds()[resource]
+        return copy.deepcopy(self.delete(resource, (namespace or "default") if kind.namespaced else None, name))
+
     def get_pod(self, namespace: str, name: str) -> Obj | None:
         return self._get_copy("pods", namespace, name)
 
@@ -261,6 +287,8 @@ class KubeStore:
         obj = objects.prepare_create(kind, objects.decode_body(kind, body), namespace, uid=str(uuid.uuid4()),
                                      now=_now(), name_suffix=_suffix())
         status = copy.deepcopy(body.get("status") or {})
+        if not kind.has_status:
+            status = {}
         if resource == "pods":
             status.setdefault("phase", "Pending")
         if status:
@@ -273,7 +301,7 @@ class KubeStore:
         with self._lock:
             old = self.get(resource, namespace, name)
             new = copy.deepcopy(body)
-            new["kind"], new["apiVersion"] = kind.kind, "v1"
+            new["kind"], new["apiVersion"] = kind.kind, kind.api_version
             meta = new.setdefault("metadata", {})
             for key in ("name", "namespace", "uid", "creationTimestamp"):
                 if key in old["metadata"]:

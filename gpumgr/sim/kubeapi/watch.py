@@ -66,7 +66,7 @@ async def _pump(request: web.Request, response: web.StreamResponse, queue: async
         if request.transport is None or request.transport.is_closing():
             return
         if settings.bookmarks and now - last_sent >= settings.bookmark_interval:
-            await _send(response, "BOOKMARK", {"kind": kind.kind, "apiVersion": "v1",
+            await _send(response, "BOOKMARK", {"kind": kind.kind, "apiVersion": kind.api_version,
                                                "metadata": {"resourceVersion": str(last_rv)}})
             last_sent = now
         wait = _POLL_SECONDS

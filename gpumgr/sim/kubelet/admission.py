@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal, get_args
 
 import grpc
 
@@ -38,6 +39,9 @@ from gpumgr.sim.kubelet.protocol import ADMISSION_ERROR_REASON, is_extended_reso
 from gpumgr.sim.kubelet.selection import NotEnoughDevices, complete_selection, take_reusable
 
 log = logging.getLogger(__name__)
+
+
+ResourceOrder = Literal["sorted", "reverse"]
 
 
 class AdmissionError(Exception):
@@ -63,9 +67,17 @@ async def admit_pod(
     pod_uid: str,
     containers: Sequence[ContainerRequest],
     init_containers: Sequence[ContainerRequest] = (),
+    resource_order: ResourceOrder = "sorted",
+    start: bool = True,
 ) -> AdmittedPod:
-    """Admit one pod; the caller serializes admissions."""
+    """Admit one pod; the caller serializes admissions. `resource_order` is the order of a container's
+    resources ("sorted": vcuda-core before vcuda-memory; "reverse": memory first), which the kubelet leaves
+    to Go's map iteration. `start=False` stops after the Allocate calls and the checkpoint, as the kubelet's
+    admission does: PreStartContainer comes when the containers start (`start_pod`), maybe after other pods
+    were admitted."""
     _validate(pod_uid, containers, init_containers)
+    if resource_order not in get_args(ResourceOrder):
+        raise ValueError(f"resource_order must be 'sorted' or 'reverse', not {resource_order!r}")
     ordered = [(c, True) for c in init_containers] + [(c, False) for c in containers]
     _check_known_resources(manager, ordered)
     _check_fit(manager, pod_uid, init_containers, containers)
@@ -74,7 +86,11 @@ async def admit_pod(
     reusable: dict[str, set[str]] = {}
     try:
         for container, is_init in ordered:
-            result = await _admit_container(manager, pod_uid, container, is_init, reusable, created)
+            result = await _admit_container(
+                manager, pod_uid, container, is_init, reusable, created, resource_order == "reverse"
+            )
+            if start:
+                await _pre_start(manager, result)
             results.append(result)
     except (_Rejected, EndpointError, NotEnoughDevices, OSError) as exc:
         for key in created:
@@ -101,11 +117,13 @@ async def _admit_container(
     is_init: bool,
     reusable: dict[str, set[str]],
     created: list[tuple[str, str, str]],
+    reverse: bool = False,
 ) -> ContainerAllocation:
     ids_by_resource: dict[str, tuple[str, ...]] = {}
     responses: dict[str, ContainerAllocateResponse] = {}
     wrote = False
-    for resource, count in _device_requests(container):
+    requests = _device_requests(container)
+    for resource, count in reversed(requests) if reverse else requests:
         endpoint = _registered_endpoint(manager, resource)
         existing = manager.pods.get(pod_uid, container.name, resource)
         if existing is not None:
@@ -130,11 +148,26 @@ async def _admit_container(
         responses[resource] = response
     if wrote:
         await manager.write_checkpoint()
-    for resource, ids in ids_by_resource.items():
+    return ContainerAllocation(container.name, is_init, ids_by_resource, responses)
+
+
+async def _pre_start(manager: DeviceManager, container: ContainerAllocation) -> None:
+    for resource, ids in container.device_ids.items():
         endpoint = _registered_endpoint(manager, resource)
         if endpoint.options.pre_start_required:
             await endpoint.pre_start_container(ids)
-    return ContainerAllocation(container.name, is_init, ids_by_resource, responses)
+
+
+async def start_pod(manager: DeviceManager, pod: AdmittedPod) -> None:
+    """Start an admitted pod's containers in order: PreStartContainer for each. Raises AdmissionError with the
+    plugin's status when a call fails (the kubelet would retry the container with back-off; the caller decides)."""
+    try:
+        for container in pod.containers:
+            await _pre_start(manager, container)
+    except (_Rejected, EndpointError) as exc:
+        code = exc.code if isinstance(exc, EndpointError) else None
+        details = exc.details if isinstance(exc, EndpointError) else ""
+        raise AdmissionError("PreStartContainerError", str(exc), code, details) from exc
 
 
 async def _choose(

@@ -19,7 +19,7 @@ from typing import get_args
 
 from gpumgr.kubelet_checkpoint import CHECKPOINT_FILE_NAME
 from gpumgr.pb import deviceplugin_pb2 as pb
-from gpumgr.sim.kubelet.admission import AdmittedPod, ContainerRequest, admit_pod
+from gpumgr.sim.kubelet.admission import AdmittedPod, ContainerRequest, ResourceOrder, admit_pod, start_pod
 from gpumgr.sim.kubelet.changes import ChangeSignal
 from gpumgr.sim.kubelet.checkpoint_writer import CheckpointFormat
 from gpumgr.sim.kubelet.manager import DeviceManager, RejectedRegistration
@@ -112,11 +112,18 @@ class KubeletEmulator:
         pod_uid: str,
         containers: Sequence[ContainerRequest],
         init_containers: Sequence[ContainerRequest] = (),
+        resource_order: ResourceOrder = "sorted",
+        start: bool = True,
     ) -> AdmittedPod:
         """Admit a pod (one at a time); raises AdmissionError if it is rejected, ValueError on bad input.
-        See `gpumgr.sim.kubelet.admission` for the exact sequence of plugin calls."""
+        See `gpumgr.sim.kubelet.admission` for the exact sequence of plugin calls. `start=False`: admitted
+        only; `start_pod` later calls PreStartContainer."""
         async with self._lock:
-            return await admit_pod(self._manager, pod_uid, containers, init_containers)
+            return await admit_pod(self._manager, pod_uid, containers, init_containers, resource_order, start)
+
+    async def start_pod(self, pod: AdmittedPod) -> None:
+        """Start the containers of a pod admitted with `start=False` (PreStartContainer each, in order)."""
+        await start_pod(self._manager, pod)
 
     async def remove_pod(self, pod_uid: str) -> bool:
         """Free the pod's devices and rewrite the checkpoint; False if it held nothing."""

@@ -1,0 +1,147 @@
+"""The node file and the control file of the fake libnvidia-ml.so.1 (tests/fakes/libnvml in a source checkout),
+which simulates a whole GPU node under the real nvidia-ml-py: written from an `Inventory` (for instance one parsed
+from a `nvidia-smi topo -m` text), then driven by appending commands (XID, ECC, temperature, a card off the bus).
+Used by the NVML tests and by `gpumgr demo --nvml`. The formats are described in fake_nvml_node.c.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpumgr.devices.types import Inventory
+
+ENV = "FAKE_NVML_NODE"  # the variable the library reads the node file's path from
+LIBRARY_DIR = Path(__file__).resolve().parents[2] / "tests" / "fakes" / "libnvml"
+
+
+def library(variant: str = "current") -> Path:
+    """Where `make fake-nvml` puts the library (one build per driver age, see its Makefile)."""
+    return LIBRARY_DIR / "build" / variant / "libnvidia-ml.so.1"
+
+
+def sysfs_bus(bus_id: str) -> str:
+    """NVML's bus id "00000000:07:00.0" as /sys/bus/pci/devices names it: "0000:07:00.0"."""
+    dom, rest = bus_id.split(":", 1)
+    return f"{int(dom, 16):04x}:{rest.lower()}"
+
+
+_ANCESTOR = {"PIX": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50}
+GPU_PCI_ID = 0x20B010DE  # A100 (device << 16 | NVIDIA vendor)
+SWITCH_PCI_ID = 0x1AF110DE  # NVSwitch
+NPU_PCI_ID = 0x04EA1014  # IBM NPU (POWER CPU end of an NVLink)
+SWITCHES = 6
+
+
+@dataclass
+class FakeNvmlNode:
+    """One simulated node: write it with `write()`, point $FAKE_NVML_NODE at `spec`, then drive it."""
+
+    workdir: Path
+    inventory: Inventory
+    nvswitch: bool | None = None  # None: infer (every pair NV<k> with the same k, 3+ GPUs)
+    npu_links: int = 0  # extra NVLinks from every GPU to the CPU (IBM POWER)
+    memory_affinity: bool = True  # NVML answers nvmlDeviceGetMemoryAffinity with the GPU's NUMA node
+    driver: str = "550.54.15"
+    init_error: int = 0
+    bus_ids: list[str] = field(default_factory=list)
+
+    @property
+    def spec(self) -> Path:
+        return self.workdir / "fake-nvml-node.txt"
+
+    @property
+    def control(self) -> Path:
+        return self.workdir / "fake-nvml-control.txt"
+
+    def env(self) -> dict[str, str]:
+        return {ENV: str(self.spec)}
+
+    def is_switched(self) -> bool:
+        if self.nvswitch is not None:
+            return self.nvswitch
+        n = self.inventory.count
+        cells = {self.inventory.levels[a][b] for a in range(n) for b in range(n) if a != b}
+        return n >= 3 and len(cells) == 1 and next(iter(cells)).startswith("NV")
+
+    def write(self) -> FakeNvmlNode:
+        inv, n = self.inventory, self.inventory.count
+        self.bus_ids = [f"00000000:{0x07 + 8 * i:02X}:00.0" for i in range(n)]
+        lines = [f"driver {self.driver}", "cuda 12040", f"control {self.control}"]
+        if self.init_error:
+            lines.append(f"init_error {self.init_error}")
+        for i, g in enumerate(inv.gpus):
+            lines.append(f"gpu {g.uuid} {g.minor} {self.bus_ids[i]} {g.memory_mib} {GPU_PCI_ID:08X} {g.name}")
+            if self.memory_affinity and g.numa_node is not None:
+                lines.append(f"memaff {i} {g.numa_node}")
+        used = [0] * n
+        links: list[str] = []
+
+        def add(i: int, kind: str, bus: str, pci_id: int) -> None:
+            links.append(f"link {i} {used[i]} {kind} {bus} {pci_id:08X}")
+            used[i] += 1
+
+        if self.is_switched():
+            k = int(inv.levels[0][1][2:])
+            for i in range(n):
+                for link in range(k):
+                    add(i, "switch", f"00000000:{0xC0 + link % SWITCHES:02X}:00.0", SWITCH_PCI_ID)
+        else:
+            for a in range(n):
+                for b in range(n):
+                    m = re.fullmatch(r"NV(\d+)", inv.levels[a][b])
+                    for _ in range(int(m.group(1)) if m else 0):
+                        add(a, "gpu", self.bus_ids[b], GPU_PCI_ID)
+        for i in range(n):
+            for _ in range(self.npu_links):
+                add(i, "npu", f"00000000:{0xF0 + i:02X}:00.0", NPU_PCI_ID)
+        for i in range(n):
+            if used[i]:
+                lines.append(f"nvlinks {i} {max(used[i], 12)}")
+        lines += links
+        for a in range(n):
+            for b in range(a + 1, n):
+                level = inv.levels[a][b]
+                lines.append(f"anc {a} {b} {_ANCESTOR.get(level, 40)}")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.control.write_text("")
+        self.spec.write_text("\n".join(lines) + "\n")
+        return self
+
+    def write_sysfs(self, root: Path, numa: dict[int, int]) -> Path:
+        """A sysfs tree with `bus/pci/devices/<bus>/numa_node` for the GPUs in `numa` (index -> node)."""
+        for i, node in numa.items():
+            d = root / "bus" / "pci" / "devices" / sysfs_bus(self.bus_ids[i])
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "numa_node").write_text(f"{node}\n")
+        return root
+
+    # -- what happens on the cards (appended to the control file) ------------------------------------------
+    def send(self, command: str) -> None:
+        with open(self.control, "a", encoding="ascii") as f:
+            f.write(command + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def xid(self, gpu: int, code: int) -> None:
+        self.send(f"xid {gpu} {code}")
+
+    def double_bit_ecc(self, gpu: int) -> None:
+        self.send(f"dbe {gpu}")
+
+    def ecc_count(self, gpu: int, count: int) -> None:
+        self.send(f"ecc {gpu} {count}")
+
+    def temperature(self, gpu: int, celsius: int) -> None:
+        self.send(f"temp {gpu} {celsius}")
+
+    def fall_off_bus(self, gpu: int) -> None:
+        self.send(f"lost {gpu}")
+
+    def back_on_bus(self, gpu: int) -> None:
+        self.send(f"back {gpu}")
+
+    def process(self, gpu: int, pid: int, used_bytes: int, sm: int) -> None:
+        self.send(f"proc {gpu} {pid} {used_bytes} {sm}")

@@ -1,0 +1,120 @@
+"""What a ResourceClaim gives this driver on this node: its results, read from the claim's status.
+
+Pure: a claim (API JSON) in, a `ClaimGrant` out, or a `ClaimError` whose message says what is wrong with that
+one claim. Nothing here touches the ledger.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpumgr.devices.types import Inventory
+from gpumgr.dra.quantity import QuantityError, parse_int
+from gpumgr.dra.slices import CORES, MIB, device_index
+
+MAX_RESULTS = 32  # a claim may hold at most 32 devices (resource.k8s.io/v1 AllocationResultsMaxSize)
+_UID = re.compile(r"^[0-9a-zA-Z][0-9a-zA-Z-]{0,62}$")
+
+
+class ClaimError(ValueError):
+    """This claim cannot be prepared here; the message names the claim and what is wrong."""
+
+
+def check_uid(uid: str) -> str:
+    if not _UID.match(uid or ""):
+        raise ClaimError(f"claim UID {uid!r} is not a Kubernetes UID")
+    return uid
+
+
+def grant_from_claim(claim: Mapping[str, Any], *, namespace: str, name: str, uid: str, driver: str,
+                     pool: str, inventory: Inventory) -> ClaimGrant:
+    label = f"claim {namespace}/{name}"
+    meta = claim.get("metadata") or {}
+    if meta.get("uid") != uid:
+        raise ClaimError(f"{label}: UID mismatch: the kubelet asked for {uid}, the API has {meta.get('uid')} "
+                         "(the claim was deleted and recreated; the kubelet will retry with the new one)")
+    status = claim.get("status") or {}
+    allocation = status.get("allocation")
+    if not isinstance(allocation, dict):
+        raise ClaimError(f"{label} is not allocated (no status.allocation): the scheduler has not placed it yet")
+    results = ((allocation.get("devices") or {}).get("results")) or []
+    if not isinstance(results, list) or len(results) > MAX_RESULTS:
+        raise ClaimError(f"{label}: status.allocation.devices.results must be a list of at most {MAX_RESULTS}")
+    pods = []
+    for ref in status.get("reservedFor") or []:
+        if isinstance(ref, dict) and ref.get("resource") == "pods" and isinstance(ref.get("uid"), str):
+            pods.append(PodRef(name=str(ref.get("name", "")), uid=ref["uid"]))
+    if not pods:
+        raise ClaimError(f"{label} is not reserved for any pod (status.reservedFor is empty)")
+    mine: list[DeviceGrant] = []
+    others = set()
+    for r in results:
+        if not isinstance(r, dict):
+            raise ClaimError(f"{label}: a result in status.allocation.devices.results is not an object")
+        if r.get("driver") != driver:
+            others.add(str(r.get("driver")))
+            continue
+        mine.append(_device_grant(label, r, pool, inventory))
+    if not mine:
+        raise ClaimError(f"{label} has no device of driver {driver}" +
+                         (f" (its devices belong to {', '.join(sorted(others))})" if others else ""))
+    return ClaimGrant(namespace=namespace, name=name, uid=uid, pods=tuple(pods), devices=tuple(mine))
+
+
+def _device_grant(label: str, r: Mapping[str, Any], pool: str, inv: Inventory) -> DeviceGrant:
+    device = str(r.get("device", ""))
+    where = f"{label}: device {r.get('pool')}/{device}"
+    if r.get("pool") != pool:
+        raise ClaimError(f"{where} is in pool {r.get('pool')!r}, not this node's pool {pool!r}")
+    index = device_index(device)
+    if index is None or index >= inv.count:
+        raise ClaimError(f"{where}: no such device on node {pool} (devices gpu-0..gpu-{inv.count - 1})")
+    gpu = inv.gpus[index]
+    card_bytes = gpu.memory_mib * MIB
+    consumed = r.get("consumedCapacity") or {}
+    if not isinstance(consumed, dict):
+        raise ClaimError(f"{where}: consumedCapacity must be an object")
+    try:
+        memory = parse_int(consumed["memory"]) if "memory" in consumed else card_bytes
+        cores = parse_int(consumed["cores"]) if "cores" in consumed else CORES
+    except QuantityError as e:
+        raise ClaimError(f"{where}: consumedCapacity: {e}") from None
+    if not 0 < memory <= card_bytes:
+        raise ClaimError(f"{where}: consumedCapacity memory {memory} bytes is outside 1..{card_bytes}")
+    if not 0 < cores <= CORES:
+        raise ClaimError(f"{where}: consumedCapacity cores {cores} is outside 1..{CORES}")
+    share = r.get("shareID")
+    return DeviceGrant(request=str(r.get("request", "")), device=device, index=index,
+                       share_id=str(share) if share else "", memory_bytes=memory, cores=cores)
+
+
+@dataclass(frozen=True)
+class PodRef:
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class DeviceGrant:
+    request: str
+    device: str
+    index: int
+    share_id: str
+    memory_bytes: int
+    cores: int
+
+    @property
+    def memory_mib(self) -> int:
+        return -(-self.memory_bytes // MIB)
+
+
+@dataclass(frozen=True)
+class ClaimGrant:
+    namespace: str
+    name: str
+    uid: str
+    pods: tuple[PodRef, ...]
+    devices: tuple[DeviceGrant, ...]

@@ -1,0 +1,230 @@
+"""NodePrepareResources / NodeUnprepareResources for one claim: the claim from the API -> the ledger (exactly
+what the scheduler allocated, through NodeState.commit) -> the vDevice directory, limits and server -> the CDI
+spec. All or nothing per claim: a failure at any step undoes the steps before it.
+
+Ledger keys: `dra/<claim uid>/<n>`, one per granted device. vDevice directory: the allocation key of
+`dra/<claim uid>`, shared by every container that uses the claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpumgr.agent.state import NodeState
+from gpumgr.allocator import Ledger
+from gpumgr.allocator.ledger import Allocation, LedgerError
+from gpumgr.dra import cdi
+from gpumgr.dra.claims import ClaimError, ClaimGrant, check_uid, grant_from_claim
+from gpumgr.dra.config import LEDGER_PREFIX, DraConfig
+from gpumgr.dra.slices import CORES, MIB
+from gpumgr.vdevice.layout import VDeviceLayout, allocation_key
+from gpumgr.vdevice.limits import DeviceLimit, Limits
+from gpumgr.vdevice.server import VDeviceManager
+
+log = logging.getLogger("gpumgr.dra")
+GetClaim = Callable[[str, str, str], Awaitable[dict[str, Any] | None]]  # (namespace, name, uid) -> claim
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def claim_keys(ledger: Ledger, uid: str) -> list[str]:
+    prefix = f"{LEDGER_PREFIX}{uid}/"
+    return sorted(k for k in ledger.allocations if k.startswith(prefix))
+
+
+def claim_uids(ledger: Ledger) -> set[str]:
+    return {k[len(LEDGER_PREFIX):].split("/", 1)[0] for k in ledger.allocations if k.startswith(LEDGER_PREFIX)}
+
+
+def vdevice_key(uid: str) -> str:
+    return allocation_key([f"{LEDGER_PREFIX}{uid}"])
+
+
+def claim_vdevice_keys(ledger: Ledger) -> set[str]:
+    """The vDevice directory keys of the claims the ledger holds: another front end's orphan sweep keeps them."""
+    return {vdevice_key(uid) for uid in claim_uids(ledger)}
+
+
+class ClaimPreparer:
+    def __init__(self, cfg: DraConfig, state: NodeState, layout: VDeviceLayout, vdevices: VDeviceManager,
+                 get_claim: GetClaim):
+        self.cfg = cfg
+        self.state = state
+        self.layout = layout
+        self.vdevices = vdevices
+        self.get_claim = get_claim
+        self.cdi = cdi.CdiDir(cfg.cdi_dir)
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def _lock(self, uid: str) -> asyncio.Lock:
+        return self._locks.setdefault(uid, asyncio.Lock())
+
+    # -- prepare --------------------------------------------------------------------------------------------
+    async def prepare(self, namespace: str, name: str, uid: str) -> list[PreparedDevice]:
+        """Prepare one claim, or raise ClaimError (with nothing changed)."""
+        check_uid(uid)
+        if not _LABEL.match(namespace or "") or not _NAME.match(name or ""):
+            raise ClaimError(f"claim {namespace!r}/{name!r}: not a valid namespace and name")
+        label = f"claim {namespace}/{name}"
+        try:
+            claim = await asyncio.wait_for(self.get_claim(namespace, name, uid), self.cfg.api_timeout_s)
+        except TimeoutError:
+            raise ClaimError(f"{label}: reading it from the API timed out after {self.cfg.api_timeout_s:.0f}s") \
+                from None
+        except Exception as e:  # noqa: BLE001 - an API failure is this claim's error, retried by the kubelet
+            raise ClaimError(f"{label}: reading it from the API failed: {_short(e)}") from None
+        if claim is None:
+            raise ClaimError(f"{label} (UID {uid}) not found in the API")
+        grant = grant_from_claim(claim, namespace=namespace, name=name, uid=uid, driver=self.cfg.driver_name,
+                                 pool=self.cfg.node_name, inventory=self.state.inventory)
+        try:
+            async with self._lock(uid):
+                return await self._prepare(grant)
+        finally:
+            lock = self._locks.get(uid)
+            if lock is not None and not lock.locked() and not claim_keys(self.state.ledger, uid):
+                self._locks.pop(uid, None)  # nothing held: keep no state for UIDs that failed
+
+    async def _prepare(self, grant: ClaimGrant, check_health: bool = True) -> list[PreparedDevice]:
+        label = f"claim {grant.namespace}/{grant.name}"
+        wanted = self.allocations(grant)
+        held = [self.state.ledger.allocations[k] for k in claim_keys(self.state.ledger, grant.uid)]
+        created = False
+        if held:
+            if [(a.key, a.cards, a.cores, a.memory_mib) for a in held] != \
+                    [(a.key, a.cards, a.cores, a.memory_mib) for a in wanted]:
+                raise ClaimError(f"{label} (UID {grant.uid}) is already prepared with other devices "
+                                 f"({[a.cards for a in held]}); unprepare it first")
+        else:
+            def take(ledger: Ledger) -> None:
+                for a in wanted:
+                    ledger.assign(a, check_health=check_health)
+
+            try:
+                await self.state.commit(take)
+            except LedgerError as e:
+                raise ClaimError(f"{label} does not fit on node {self.cfg.node_name}: {e} (the scheduler "
+                                 "over-committed the device; nothing was prepared)") from None
+            except OSError as e:
+                raise ClaimError(f"{label}: the checkpoint could not be written: {e}") from None
+            created = True
+        try:
+            devices = await self._materialise(grant)
+        except Exception as e:
+            if created:
+                await self._release(grant.uid)
+            raise ClaimError(f"{label}: preparing the container edits failed: {_short(e)}") from None
+        if created:
+            log.info("%s (UID %s) prepared for pod %s: %s", label, grant.uid, grant.pods[0].uid,
+                     ", ".join(f"{d.device} {d.cores} cores {d.memory_bytes // MIB} MiB" for d in grant.devices))
+        return devices
+
+    def allocations(self, grant: ClaimGrant) -> list[Allocation]:
+        out = []
+        pod = grant.pods[0]
+        for n, d in enumerate(grant.devices):
+            meta = {"front_end": "dra", "claim": f"{grant.namespace}/{grant.name}", "claim_uid": grant.uid,
+                    "namespace": grant.namespace, "pod": pod.name, "pod_uid": pod.uid, "container": "",
+                    "device": d.device, "request": d.request, "share_id": d.share_id, "verified": "true"}
+            out.append(Allocation(key=f"{LEDGER_PREFIX}{grant.uid}/{n}", cards=(d.index,), cores=d.cores,
+                                  memory_mib=d.memory_mib, meta=meta))
+        return out
+
+    def limits(self, grant: ClaimGrant) -> Limits:
+        inv = self.state.inventory
+        fractional = [d.cores for d in grant.devices if d.cores < CORES]
+        devices = tuple(
+            DeviceLimit(uuid=inv.gpus[d.index].uuid, index=d.index,
+                        memory_limit_bytes=d.memory_bytes if d.memory_bytes < inv.gpus[d.index].memory_mib * MIB
+                        else 0)
+            for d in grant.devices)
+        name = grant.name if _LABEL.match(grant.name) else "claim"
+        return Limits(pod_uid=grant.pods[0].uid, container_name=name, core_limit=max(fractional, default=0),
+                      hard_limit=True, core_ceiling=0, devices=devices)
+
+    async def _materialise(self, grant: ClaimGrant) -> list[PreparedDevice]:
+        inv = self.state.inventory
+        key = vdevice_key(grant.uid)
+        limits = self.limits(grant)
+        bus_ids = frozenset(inv.gpus[d.index].bus_id for d in grant.devices if inv.gpus[d.index].bus_id)
+        limited = bool(limits.core_limit) or any(d.memory_limit_bytes for d in limits.devices)
+        ctl = [f"/dev/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+               if n == "nvidiactl" or (self.cfg.dev_root / n).exists()]
+        spec = cdi.build_spec(
+            claim_uid=grant.uid,
+            gpus=[(d.index, inv.gpus[d.index].minor, inv.gpus[d.index].uuid) for d in grant.devices],
+            ctl_devices=ctl, driver_dir=self.cfg.driver_dir, shim_dir=self.cfg.shim_dir,
+            vdevice_dir=self.layout.dir_for(key), limited=limited, shim_log_level=self.cfg.shim_log_level,
+            annotations={})
+        # the vDevice server and the CDI spec are independent: make both at once
+        started, written = await asyncio.gather(self.vdevices.start(key, limits, bus_ids),
+                                                self.state.run_io(self.cdi.write, grant.uid, spec),
+                                                return_exceptions=True)
+        for outcome in (started, written):
+            if isinstance(outcome, BaseException):
+                await self.vdevices.stop(key)
+                await self.state.run_io(self.cdi.remove, grant.uid)
+                raise outcome
+        by_device: dict[str, PreparedDevice] = {}
+        for d in grant.devices:
+            name = cdi.qualified(cdi.device_name(grant.uid, d.index))
+            got = by_device.get(d.device)
+            if got is None:
+                by_device[d.device] = PreparedDevice(requests=(d.request,), pool=self.cfg.node_name,
+                                                     device=d.device, cdi_ids=(name,))
+            elif d.request not in got.requests:
+                by_device[d.device] = PreparedDevice(requests=got.requests + (d.request,), pool=got.pool,
+                                                     device=got.device, cdi_ids=got.cdi_ids)
+        return list(by_device.values())
+
+    # -- unprepare ------------------------------------------------------------------------------------------
+    async def unprepare(self, uid: str) -> bool:
+        """Free the claim: CDI spec, vDevice server and directory, ledger. True when anything was held."""
+        check_uid(uid)
+        async with self._lock(uid):
+            had_spec = await self.state.run_io(self.cdi.remove, uid)
+            await self.vdevices.stop(vdevice_key(uid))
+            released = await self._release(uid)
+        self._locks.pop(uid, None)
+        if released or had_spec:
+            log.info("claim UID %s unprepared: %d ledger entries freed", uid, released)
+        return bool(released or had_spec)
+
+    async def _release(self, uid: str) -> int:
+        def give_back(ledger: Ledger) -> int:
+            keys = claim_keys(ledger, uid)
+            for k in keys:
+                ledger.release(k)
+            return len(keys)
+
+        if not claim_keys(self.state.ledger, uid):
+            return 0
+        return await self.state.commit(give_back)
+
+    # -- recovery -------------------------------------------------------------------------------------------
+    async def restore(self, grant: ClaimGrant) -> None:
+        """After a restart: hold what a prepared claim holds (even on a card that turned sick since) and bring
+        its vDevice server and CDI spec back."""
+        async with self._lock(grant.uid):
+            await self._prepare(grant, check_health=False)
+
+    async def forget(self, uid: str) -> None:
+        await self.unprepare(uid)
+
+
+def _short(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    requests: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...]

@@ -1,0 +1,132 @@
+"""Publishes the node's pool as ResourceSlices: updated in place (never recreated), generation bumped on every
+change, only this driver's slices on this node touched, all deleted when the node has no GPUs.
+
+In `both` mode the capacity shown leaves out what device-plugin pods hold (ledger entries not under `dra/`), so
+the scheduler cannot double-book a card the gpu-manager pods use; the slice follows those changes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from gpumgr.agent.state import NodeState
+from gpumgr.dra.config import LEDGER_PREFIX, DraConfig
+from gpumgr.dra.kubeaccess import DraKube
+from gpumgr.dra.slices import build_spec, unhealthy_map
+
+log = logging.getLogger("gpumgr.dra.slices")
+RETRY_S = 1.0
+PERIOD_S = 60.0  # re-check the API now and then: someone may have deleted or edited the slice
+
+
+class SlicePublisher:
+    def __init__(self, cfg: DraConfig, state: NodeState, kube: DraKube):
+        self.cfg = cfg
+        self.state = state
+        self.kube = kube
+        self.published: dict[str, Any] | None = None  # the spec last written (without generation)
+        self.publishes = 0
+        self._task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+
+    @property
+    def slice_name(self) -> str:
+        return f"{self.cfg.node_name}-{self.cfg.driver_name}"[:253]
+
+    def wanted(self, generation: int) -> dict[str, Any]:
+        st = self.state
+        held: dict[int, tuple[int, int]] = {}
+        for card in st.ledger.cards:
+            others = [h for k, h in card.holders.items() if not k.startswith(LEDGER_PREFIX)]
+            if others:
+                held[card.index] = (sum(h.cores for h in others), sum(h.memory_mib for h in others))
+        return build_spec(st.inventory, self.cfg.node_name, self.cfg.driver_name, unhealthy_map(st.health_reasons),
+                          self.cfg.memory_unit_mib, generation, held)
+
+    async def publish(self) -> bool:
+        """Make the API show the current pool. True when it does (changed or not)."""
+        try:
+            existing = await self.kube.list_slices(self.cfg.driver_name, self.cfg.node_name)
+            mine = [s for s in existing if (s.get("spec") or {}).get("driver") == self.cfg.driver_name
+                    and (s.get("spec") or {}).get("nodeName") == self.cfg.node_name]
+            if not self.state.inventory.gpus:
+                for s in mine:
+                    await self.kube.delete_slice(s["metadata"]["name"])
+                self.published = None
+                return True
+            current = next((s for s in mine if s["metadata"]["name"] == self.slice_name), None)
+            for s in mine:  # slices of ours under other names (an older agent's): the pool is one slice now
+                if s is not current:
+                    await self.kube.delete_slice(s["metadata"]["name"])
+            if current is None:
+                spec = self.wanted(1)
+                await self.kube.create_slice({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                                              "metadata": {"name": self.slice_name}, "spec": spec})
+                log.info("ResourceSlice %s created: %d devices", self.slice_name, len(spec["devices"]))
+            else:
+                old_spec = current.get("spec") or {}
+                generation = int((old_spec.get("pool") or {}).get("generation") or 0)
+                spec = self.wanted(generation + 1)
+                if _same(old_spec, spec):
+                    self.published = _strip(spec)  # what the API shows, not what the node shows by now
+                    return True
+                body = dict(current, spec=spec)
+                await self.kube.replace_slice(self.slice_name, body)
+                log.info("ResourceSlice %s updated: pool generation %d", self.slice_name, generation + 1)
+            self.publishes += 1
+            self.published = _strip(spec)
+            return True
+        except Exception as e:  # noqa: BLE001 - retried by the loop
+            log.warning("publishing ResourceSlice %s failed: %s", self.slice_name, e)
+            return False
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    def poke(self) -> None:
+        self._changed.set()
+
+    async def _loop(self) -> None:
+        version = self.state.version
+        ok = await self.publish()
+        loop = asyncio.get_running_loop()
+        next_full = loop.time() + PERIOD_S
+        while True:
+            waiter = asyncio.ensure_future(self.state.wait_change(version, timeout=RETRY_S if not ok else PERIOD_S))
+            poked = asyncio.ensure_future(self._changed.wait())
+            try:
+                done, _ = await asyncio.wait({waiter, poked}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for p in (waiter, poked):
+                    if not p.done():
+                        p.cancel()
+            self._changed.clear()
+            if waiter in done:
+                version = waiter.result()
+            periodic = loop.time() >= next_full
+            if ok and not periodic and self.published == _strip(self.wanted(0)) and poked not in done:
+                continue  # an allocation change: the slice shows full capacity, nothing to publish
+            if periodic:
+                next_full = loop.time() + PERIOD_S
+            ok = await self.publish()
+
+    async def stop(self, delete: bool = False) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if delete:
+            with contextlib.suppress(Exception):
+                await self.kube.delete_slice(self.slice_name)
+
+
+def _strip(spec: dict[str, Any]) -> dict[str, Any]:
+    out = dict(spec)
+    out["pool"] = {k: v for k, v in (spec.get("pool") or {}).items() if k != "generation"}
+    return out
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return _strip(a) == _strip(b)

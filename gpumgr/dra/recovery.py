@@ -1,0 +1,96 @@
+"""Bring the DRA claims back after a restart (agent, kubelet, node, or kill -9 mid-prepare).
+
+Three witnesses: the ledger (from the checkpoint), the claims in the API, and the CDI specs on disk.
+- a claim the API still allocates to this node for a pod, that the ledger holds or that has a spec: held again
+  exactly (ledger, vDevice server, CDI spec);
+- ledger entries and specs of claims the API no longer allocates here (deleted, deallocated, another UID):
+  freed, spec and vDevice directory removed;
+- a claim allocated here but neither held nor specced was never prepared: the kubelet will ask.
+If the API cannot be listed, nothing is freed: what the ledger holds is brought back, and the rest waits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpumgr.dra.claims import ClaimError, ClaimGrant, grant_from_claim
+from gpumgr.dra.preparer import ClaimPreparer, claim_uids
+
+log = logging.getLogger("gpumgr.dra.recovery")
+ListClaims = Callable[[], Awaitable[list[dict[str, Any]]]]
+
+
+async def recover(preparer: ClaimPreparer, list_claims: ListClaims) -> RecoveryReport:
+    cfg = preparer.cfg
+    report = RecoveryReport()
+    held = claim_uids(preparer.state.ledger)
+    specced = set(await preparer.state.run_io(preparer.cdi.claim_uids))
+    try:
+        claims = await list_claims()
+    except Exception as e:  # noqa: BLE001 - keep everything until the API answers
+        log.error("DRA recovery: listing ResourceClaims failed (%s); keeping all %d prepared claims", e, len(held))
+        claims = None
+    live: dict[str, ClaimGrant] = {}
+    for c in claims or []:
+        meta = c.get("metadata") or {}
+        try:
+            grant = grant_from_claim(c, namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")),
+                                     uid=str(meta.get("uid", "")), driver=cfg.driver_name, pool=cfg.node_name,
+                                     inventory=preparer.state.inventory)
+        except ClaimError:
+            continue  # not ours, not here, not reserved, or not allocated
+        live[grant.uid] = grant
+    for uid in sorted(held | specced):
+        found = live.get(uid)
+        if found is not None:
+            try:
+                await preparer.restore(found)
+                report.restored.append(uid)
+            except ClaimError as e:
+                log.error("DRA recovery: %s", e)
+                report.failed.append(uid)
+        elif claims is None:
+            if uid in held:
+                report.kept.append(uid)
+        else:
+            await preparer.forget(uid)
+            report.freed.append(uid)
+            log.info("DRA recovery: claim UID %s is no longer allocated here: freed, spec removed", uid)
+    if claims is None:
+        await _restart_servers(preparer, held)
+    return report
+
+
+async def _restart_servers(preparer: ClaimPreparer, uids: set[str]) -> None:
+    """Without the API: bring back the vDevice servers of what the ledger holds, from the ledger itself."""
+    from gpumgr.dra.claims import DeviceGrant, PodRef
+    from gpumgr.dra.preparer import claim_keys
+    from gpumgr.dra.slices import MIB
+
+    ledger = preparer.state.ledger
+    for uid in sorted(uids):
+        allocs = [ledger.allocations[k] for k in claim_keys(ledger, uid)]
+        if not allocs:
+            continue
+        m = allocs[0].meta
+        ns, _, name = m.get("claim", "/").partition("/")
+        grant = ClaimGrant(namespace=ns, name=name, uid=uid, pods=(PodRef(m.get("pod", ""), m.get("pod_uid", "")),),
+                           devices=tuple(DeviceGrant(request=a.meta.get("request", ""), device=a.meta.get("device", ""),
+                                                     index=a.cards[0], share_id=a.meta.get("share_id", ""),
+                                                     memory_bytes=a.memory_mib * MIB, cores=a.cores)
+                                         for a in allocs))
+        try:
+            await preparer.restore(grant)
+        except ClaimError as e:
+            log.error("DRA recovery: %s", e)
+
+
+@dataclass
+class RecoveryReport:
+    restored: list[str] = field(default_factory=list)
+    freed: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)

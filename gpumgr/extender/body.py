@@ -1,0 +1,150 @@
+"""Reading a request body within bounds: size (after decompression), encoding, time, and a shared budget.
+
+Every verb reads its body here, never with `request.read()`:
+  - a `Content-Length` over the limit is refused (413) before a byte of the body is read;
+  - `Content-Encoding: gzip` / `deflate` bodies are inflated chunk by chunk with an output cap, and refused
+    (413) as soon as the expansion passes the limit — a gzip bomb is never expanded beyond it;
+  - the whole body must arrive within `body_timeout` seconds (408, and the connection is closed);
+  - the bytes of all bodies being read at once share one budget (`BodyBudget`); when it is spent, a new body is
+    refused at once (503) instead of growing memory with the number of callers;
+  - a caller that goes away mid-upload ends the request with one log line (`ClientGone`), no traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+DEFAULT_MAX_BODY = 1024 * 1024  # 5,000 node names (~150 KB) plus a large pod, with room to spare
+DEFAULT_HEADER_TIMEOUT = 15.0  # seconds for a request's headers (and for an idle kept-alive connection)
+DEFAULT_BODY_TIMEOUT = 10.0  # seconds for a request's whole body
+DEFAULT_MAX_CONNECTIONS = 128  # open connections at once; more are answered 503 and closed
+BUDGET_BODIES = 16  # the bodies in flight at once may add up to this many times the body limit
+
+
+class BodyError(Exception):
+    """A body the extender will not read: answered with `status` and a JSON `Error`."""
+
+    def __init__(self, status: int, message: str, close: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.close = close  # the connection cannot be reused (part of the body is still unread)
+
+
+class ClientGone(Exception):
+    """The caller closed the connection before the whole body arrived."""
+
+
+class BodyBudget:
+    """Bytes of request bodies in memory at once, across all connections."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.total:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used = max(0, self.used - n)
+
+
+async def read_body(request: web.Request, limits: Limits, budget: BodyBudget) -> bytes:
+    """The request's body, decompressed, at most `limits.max_body_bytes`; raises BodyError or ClientGone."""
+    limit = limits.max_body_bytes
+    length = request.content_length
+    if length is not None and length > limit:
+        raise BodyError(413, f"the body is larger than the limit of {limit} bytes (Content-Length {length}); "
+                        "the limit is --max-body-bytes", close=True)
+    inflater = _inflater(request.headers.get("Content-Encoding", ""))
+    reserve = limit if inflater is not None or length is None else length
+    if not budget.take(reserve):
+        raise BodyError(503, "the gpumgr extender is reading too many request bodies at once; try again",
+                        close=True)
+    try:
+        return await _read(request, limit, limits.body_timeout, inflater)
+    finally:
+        budget.give(reserve)
+
+
+async def _read(request: web.Request, limit: int, timeout: float, inflater: zlib._Decompress | None) -> bytes:
+    out = bytearray()
+    raw = 0
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.content.iter_any():
+                raw += len(chunk)
+                if raw > limit:
+                    raise BodyError(413, f"the body is larger than the limit of {limit} bytes", close=True)
+                if inflater is None:
+                    out += chunk
+                    continue
+                out += _inflate(inflater, chunk, limit - len(out))
+    except TimeoutError:
+        raise BodyError(408, f"the body did not arrive within {timeout:g} s (received {raw} bytes)",
+                        close=True) from None
+    except (ConnectionError, OSError) as e:
+        raise ClientGone(f"the caller went away after {raw} bytes of the body ({type(e).__name__})") from None
+    except BodyError:
+        raise
+    except Exception as e:  # noqa: BLE001 - aiohttp's payload errors (truncated chunked body, ...)
+        if request.transport is None or request.transport.is_closing():
+            raise ClientGone(f"the caller went away after {raw} bytes of the body ({type(e).__name__})") from None
+        raise BodyError(400, f"the body could not be read: {e}", close=True) from None
+    if inflater is not None and not inflater.eof:
+        raise BodyError(400, "the compressed body is truncated")
+    if inflater is not None and inflater.unused_data:
+        raise BodyError(400, "the compressed body has data after its end")
+    return bytes(out)
+
+
+def _inflate(inflater: zlib._Decompress, chunk: bytes, room: int) -> bytes:
+    """Inflate `chunk`, refusing as soon as the output would pass `room` bytes (never expanding past it)."""
+    try:
+        data = inflater.decompress(chunk, room + 1)
+    except zlib.error as e:
+        raise BodyError(400, f"the compressed body is not valid: {e}", close=True) from None
+    if len(data) > room or inflater.unconsumed_tail:
+        raise BodyError(413, "the body expands beyond the limit of --max-body-bytes when decompressed",
+                        close=True)
+    return data
+
+
+def _inflater(encoding: str) -> zlib._Decompress | None:
+    enc = encoding.strip().lower()
+    if enc in ("", "identity"):
+        return None
+    if enc in ("gzip", "x-gzip"):
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if enc == "deflate":
+        return zlib.decompressobj(32 + zlib.MAX_WBITS)  # zlib or gzip header, detected
+    raise BodyError(415, f"Content-Encoding {encoding!r} is not supported (use gzip, deflate or none)",
+                    close=True)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int = DEFAULT_MAX_BODY  # per request, after decompression
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT  # also the idle timeout of a kept-alive connection
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes {self.max_body_bytes}: at least 1024")
+        if not (self.header_timeout > 0 and self.body_timeout > 0):
+            raise ValueError("timeouts must be positive")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections {self.max_connections}: at least 1")
+
+    @property
+    def budget_bytes(self) -> int:
+        return BUDGET_BODIES * self.max_body_bytes

@@ -1,0 +1,131 @@
+"""How each container's vCUDA shim measures its compute limit, from the status file the shim writes.
+
+The shim (vcuda/src/vc_status.c) writes `vcuda-v<N>-<key>.status` next to its shared state in the container's
+`/dev/shm` (its `VCUDA_SHARED_DIR`) when the way it measures a device's use changes:
+
+    version=1
+    container_id=<64 hex, or empty>
+    device<slot>_uuid=GPU-...
+    device<slot>_compute=process|device|unthrottled
+
+`process`: NVML per-process utilisation (normal); `device`: the card's utilisation (the driver has no per-process
+figures); `unthrottled`: no measure at all, so the compute limit is not enforced. No file means `process`.
+
+The agent reads it through `/proc/<host pid>/root/dev/shm`, for one of the container's own PIDs. The directory is
+the container's to write, so everything is bounded (PIDs tried, names listed, files read, bytes per file), no
+symlink is followed at the last step, and only well-formed UUIDs and known modes come out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+MODES = ("process", "device", "unthrottled")
+_NAME = re.compile(r"^vcuda-v\d{1,4}-[0-9a-f]{1,32}-[0-9a-f]{1,32}\.status$")
+_UUID = re.compile(r"^GPU-[0-9a-fA-F-]{8,64}$")
+_KEY = re.compile(r"^device(\d{1,2})_(uuid|compute)$")
+MAX_PIDS = 4
+MAX_ENTRIES = 512
+MAX_FILES = 16
+MAX_BYTES = 4096
+MAX_LOGGED = 4096
+
+log = logging.getLogger("gpumgr.metrics")
+
+
+class ShimStatusReader:
+    def __init__(self, proc_root: Path | str = "/proc", shared_dir: str = "dev/shm"):
+        self.proc_root = Path(proc_root)
+        self.shared_dir = shared_dir.strip("/")
+        self._logged: set[tuple[str, str, str]] = set()  # (container id, uuid, mode) already in the log
+
+    def modes(self, pids: Sequence[int], container_id: str) -> dict[str, str]:
+        """Card UUID -> compute mode for the container whose processes are `pids` ({} when nothing says)."""
+        want = container_id.rsplit("://", 1)[-1].lower()
+        for pid in list(pids)[:MAX_PIDS]:
+            found = self._from_pid(pid, want)
+            if found is not None:
+                self._log_degraded(container_id, found)
+                return found
+        return {}
+
+    def _log_degraded(self, container_id: str, modes: dict[str, str]) -> None:
+        """One log line per container, card and degraded mode, the first time a scrape sees it."""
+        for uuid, mode in sorted(modes.items()):
+            key = (container_id, uuid, mode)
+            if mode == "process" or key in self._logged or len(self._logged) >= MAX_LOGGED:
+                continue
+            self._logged.add(key)
+            if mode == "unthrottled":
+                log.warning("container %s on %s: the vCUDA shim has no utilisation measure, so its compute limit "
+                            "is not enforced", container_id, uuid)
+            else:
+                log.warning("container %s on %s: NVML has no per-process utilisation; the vCUDA shim limits compute "
+                            "from the card's utilisation", container_id, uuid)
+
+    def _from_pid(self, pid: int, want: str) -> dict[str, str] | None:
+        d = self.proc_root / str(int(pid)) / "root" / self.shared_dir
+        names: list[str] = []
+        try:
+            with os.scandir(d) as it:
+                for n, entry in enumerate(it):
+                    if n >= MAX_ENTRIES or len(names) >= MAX_FILES:
+                        break
+                    if _NAME.match(entry.name):
+                        names.append(entry.name)
+        except OSError:
+            return None
+        out: dict[str, str] = {}
+        seen = False
+        for name in sorted(names):
+            doc = _read(d / name)
+            if doc is None:
+                continue
+            cid = doc.get("container_id", "").lower()
+            if cid and want and cid != want:
+                continue  # another container of the pod, sharing /dev/shm
+            seen = True
+            out.update(_devices(doc))
+        return out if seen else None
+
+
+def _read(path: Path) -> dict[str, str] | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, MAX_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:
+        return None
+    doc: dict[str, str] = {}
+    for line in data.decode("utf-8", "replace").splitlines():
+        key, sep, val = line.partition("=")
+        if sep:
+            doc[key.strip()] = val.strip()
+    return doc if doc.get("version") == "1" else None
+
+
+def _devices(doc: dict[str, str]) -> dict[str, str]:
+    uuids: dict[str, str] = {}
+    modes: dict[str, str] = {}
+    for key, val in doc.items():
+        m = _KEY.match(key)
+        if not m:
+            continue
+        if m.group(2) == "uuid" and _UUID.match(val):
+            uuids[m.group(1)] = val
+        elif m.group(2) == "compute" and val in MODES:
+            modes[m.group(1)] = val
+    return {uuids[s]: modes[s] for s in uuids if s in modes}

@@ -1,0 +1,128 @@
+"""What the webhook does to one pod: refuse what no node could ever run, point GPU pods at the gpumgr scheduler.
+
+The rules are the agent's and the extender's own: quantities are read by `gpumgr.podspec`, and each GPU container's
+ask is checked by `allocator.Request.validate` with no node limit, so only what is wrong on every node is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpumgr import podspec
+from gpumgr.allocator.request import HUNDRED, InvalidRequest, Request
+
+DEFAULT_SCHEDULER = "default-scheduler"
+MAX_CONTAINERS = 256  # containers plus init containers of one pod
+_UNLIMITED = podspec.MAX_QUANTITY
+
+
+def review_pod(pod: Mapping[str, Any], operation: str, scheduler_name: str) -> Verdict:
+    """Only CREATE is reviewed: a pod's resources and schedulerName cannot change afterwards."""
+    if operation != "CREATE":
+        return Verdict()
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return Verdict(denied="the pod has no spec object")
+    asks: list[podspec.ContainerAsk] = []
+    total = 0
+    for field_name, init in (("initContainers", True), ("containers", False)):
+        containers = spec.get(field_name)
+        if containers is None:
+            continue
+        if not isinstance(containers, list):
+            return Verdict(denied=f"spec.{field_name} must be an array")
+        total += len(containers)
+        if total > MAX_CONTAINERS:
+            return Verdict(denied=f"the pod has more than {MAX_CONTAINERS} containers and init containers")
+        for i, c in enumerate(containers):
+            if not isinstance(c, dict):
+                return Verdict(denied=f"spec.{field_name}[{i}] must be an object")
+            problem = _quantity_problem(c, i, init)
+            if problem:
+                return Verdict(denied=problem)
+            asks.append(podspec.container_ask(c, i, init=init))
+    gpu = [a for a in asks if a.cores > 0 or a.memory_units > 0]
+    if not gpu:
+        return Verdict()
+    for a in gpu:
+        problem = _ask_problem(a)
+        if problem:
+            return Verdict(denied=problem)
+    return _point_at(spec, scheduler_name)
+
+
+def _point_at(spec: Mapping[str, Any], scheduler_name: str) -> Verdict:
+    current = spec.get("schedulerName")
+    if current == scheduler_name:
+        return Verdict()
+    if current in (None, "", DEFAULT_SCHEDULER):
+        op = "replace" if "schedulerName" in spec else "add"
+        return Verdict(patch=[{"op": op, "path": "/spec/schedulerName", "value": scheduler_name}])
+    return Verdict(warnings=[
+        f"this GPU pod names schedulerName {str(current)[:253]!r}, left as it is: place it with gpumgr by using "
+        f"{scheduler_name!r}, or configure the gpumgr extender on that scheduler"
+    ])
+
+
+def _quantity_problem(container: Mapping[str, Any], index: int, init: bool) -> str:
+    """Why a vcuda quantity of the container cannot be read, or ""."""
+    res = container.get("resources")
+    res = {} if res is None else res
+    if not isinstance(res, dict):
+        return f"{_where(container, index, init)}: resources must be an object"
+    for part in ("limits", "requests"):
+        values = res.get(part)
+        values = {} if values is None else values
+        if not isinstance(values, dict):
+            return f"{_where(container, index, init)}: resources.{part} must be an object"
+        for name in (podspec.RESOURCE_CORE, podspec.RESOURCE_MEMORY):
+            try:
+                podspec.quantity(values.get(name))
+            except ValueError as e:
+                return (f"{_where(container, index, init)}: resources.{part}[{name}]: {e}; vcuda resources are "
+                        "whole numbers such as \"50\" or \"200\"")
+    return ""
+
+
+def _ask_problem(a: podspec.ContainerAsk) -> str:
+    where = _where_ask(a)
+    if a.cores == 0:
+        return (f"{where} asks {podspec.RESOURCE_MEMORY} without {podspec.RESOURCE_CORE}: memory alone cannot be "
+                f"allocated. Add {podspec.RESOURCE_CORE} (1-99 for a share of one card, 100 per whole card) or "
+                f"remove {podspec.RESOURCE_MEMORY}")
+    try:
+        Request(cores=a.cores, memory_mib=a.memory_units).validate(
+            card_count=max(1, a.cores // HUNDRED), largest_card_mib=_UNLIMITED)
+    except InvalidRequest as e:
+        return f"{where}: {e}. {_fix(a)}"
+    return ""
+
+
+def _fix(a: podspec.ContainerAsk) -> str:
+    if a.cores > HUNDRED and a.cores % HUNDRED:
+        low = a.cores // HUNDRED * HUNDRED
+        return (f"Ask {podspec.RESOURCE_CORE}: {low} or {low + HUNDRED} for whole cards, or below 100 for a share "
+                "of one card")
+    if a.cores < HUNDRED and a.memory_units == 0:
+        return (f"Add {podspec.RESOURCE_MEMORY} (units of the node's memory unit, 256 MiB by default; 4 = 1 GiB), "
+                f"or ask {podspec.RESOURCE_CORE}: 100 for a whole card")
+    return "Fix the container's vcuda resources"
+
+
+def _where(container: Mapping[str, Any], index: int, init: bool) -> str:
+    name = container.get("name")
+    label = name[:63] if isinstance(name, str) and name else str(index)
+    return f"{'init container' if init else 'container'} {label!r}"
+
+
+def _where_ask(a: podspec.ContainerAsk) -> str:
+    return f"{'init container' if a.init else 'container'} {(a.name[:63] or str(a.index))!r}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    denied: str = ""  # non-empty: refuse the pod with this message
+    patch: list[dict[str, Any]] = field(default_factory=list)  # JSONPatch operations when allowed
+    warnings: list[str] = field(default_factory=list)

@@ -1,0 +1,194 @@
+"""`WebhookServer`: `/mutate` and `/healthz` over HTTPS (aiohttp).
+
+    server = WebhookServer("gpumgr-scheduler", tls=TlsFiles(cert, key))   # tls=None: plain HTTP (tests, demo)
+    port = await server.start("127.0.0.1", 0)                          # 0: any free port
+    ...
+    await server.stop()
+
+Every error is JSON (`{"error": "..."}`): 400 for a body that is not an AdmissionReview v1, 413 over the size
+limit, 408 when the body is not sent in time, 404/405 for wrong paths and methods. The certificate and key are
+read again when their files change (cert-manager rotates them), checked every `reload_every` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpumgr.webhook.policy import review_pod
+from gpumgr.webhook.review import BadReview, decode, parse_review, response
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 4 * 1024 * 1024  # a Pod is at most ~1.5 MiB in etcd; object and oldObject together fit
+READ_TIMEOUT = 10.0  # the API server's own webhook timeout is 10 s by default
+RELOAD_EVERY = 60.0
+
+
+class WebhookServer:
+    def __init__(self, scheduler_name: str, tls: TlsFiles | None, *, max_body_bytes: int = MAX_BODY_BYTES,
+                 read_timeout: float = READ_TIMEOUT, reload_every: float = RELOAD_EVERY):
+        self.scheduler_name = scheduler_name
+        self.tls = tls
+        self.max_body_bytes = max_body_bytes
+        self.read_timeout = read_timeout
+        self.reload_every = reload_every
+        self.ssl_context: ssl.SSLContext | None = server_context(tls) if tls else None
+        self._stamp = _stamp(tls) if tls else None
+        self._runner: Any = None
+        self._reloader: asyncio.Task[None] | None = None
+
+    async def start(self, host: str = "0.0.0.0", port: int = 8443) -> int:
+        """Listen; returns the port listened on."""
+        from aiohttp import web
+
+        if self._runner is not None:
+            raise RuntimeError("the webhook is already started")
+        app = web.Application(middlewares=[_json_errors(self.max_body_bytes)], client_max_size=self.max_body_bytes)
+        app.router.add_post("/mutate", self._mutate)
+        app.router.add_get("/healthz", self._healthz)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port, ssl_context=self.ssl_context, reuse_address=True)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        if self.tls is not None and self.reload_every > 0:
+            self._reloader = asyncio.ensure_future(self._reload_loop())
+        bound = runner.addresses[0][1] if runner.addresses else port
+        log.info("webhook listening on %s://%s:%d (schedulerName %s)", "https" if self.tls else "http", host, bound,
+                 self.scheduler_name)
+        return int(bound)
+
+    async def stop(self) -> None:
+        if self._reloader is not None:
+            self._reloader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reloader
+            self._reloader = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def reload_certificates(self) -> bool:
+        """Load the certificate and key again if their files changed; True when the new pair is in use.
+        A pair that does not load is logged and the old one kept."""
+        if self.tls is None or self.ssl_context is None:
+            return False
+        stamp = _stamp(self.tls)
+        if stamp == self._stamp:
+            return False
+        try:
+            self.ssl_context.load_cert_chain(self.tls.cert_file, self.tls.key_file)
+        except (OSError, ssl.SSLError) as e:
+            log.error("cannot reload %s / %s, keeping the certificate in use: %s", self.tls.cert_file,
+                      self.tls.key_file, e)
+            return False
+        self._stamp = stamp
+        log.info("reloaded the TLS certificate from %s", self.tls.cert_file)
+        return True
+
+    async def _reload_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.reload_every)
+            self.reload_certificates()
+
+    async def _mutate(self, request: Any) -> Any:
+        try:
+            raw = await asyncio.wait_for(request.read(), self.read_timeout)
+        except TimeoutError:
+            return _reply({"error": f"the body was not received within {self.read_timeout:.0f} s"}, 408)
+        review = parse_review(decode(raw))
+        if not review.is_pod or review.obj is None:
+            return _reply(response(review.uid))
+        verdict = review_pod(review.obj, review.operation, self.scheduler_name)
+        name = _pod_name(review.obj, review.namespace)
+        if verdict.denied:
+            log.info("refused pod %s: %s", name, verdict.denied)
+        elif verdict.patch:
+            log.info("pod %s: schedulerName set to %s", name, self.scheduler_name)
+        return _reply(response(review.uid, patch=verdict.patch, denied=verdict.denied, warnings=verdict.warnings))
+
+    async def _healthz(self, _request: Any) -> Any:
+        return _reply({"status": "alive"})
+
+
+def server_context(tls: TlsFiles) -> ssl.SSLContext:
+    """TLS 1.2+ server context; with a client CA, callers must present a certificate it signed.
+    Raises OSError or ssl.SSLError when a file cannot be used."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    if tls.client_ca_file:
+        ctx.load_verify_locations(cafile=tls.client_ca_file)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def _stamp(tls: TlsFiles) -> tuple[tuple[int, int], ...]:
+    out = []
+    for path in (tls.cert_file, tls.key_file):
+        try:
+            st = os.stat(path)
+            out.append((st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append((0, 0))
+    return tuple(out)
+
+
+def _reply(body: Any, status: int = 200) -> Any:
+    from aiohttp import web
+
+    return web.Response(body=json.dumps(body, separators=(",", ":")).encode(), status=status,
+                        content_type="application/json")
+
+
+def _json_errors(max_body_bytes: int) -> Any:
+    from aiohttp import web
+
+    Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except BadReview as e:
+            log.info("%s %s: 400: %s", request.method, request.path, e)
+            return _reply({"error": str(e)}, 400)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            text = e.reason
+            if e.status == 413:
+                text = f"the body is larger than the limit of {max_body_bytes} bytes"
+            return _reply({"error": text}, e.status)
+        except Exception as e:  # noqa: BLE001 - a bug must not become a traceback to the API server
+            log.exception("%s %s failed", request.method, request.path)
+            return _reply({"error": f"internal error in the gpumgr webhook: {type(e).__name__}"}, 500)
+
+    return middleware
+
+
+def _pod_name(pod: dict[str, Any], namespace: str) -> str:
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict):
+        meta = {}
+    name = meta.get("name") or meta.get("generateName") or "?"
+    return f"{namespace or meta.get('namespace') or 'default'}/{str(name)[:253]}"
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert_file: str
+    key_file: str
+    client_ca_file: str = ""  # when set, callers must present a certificate signed by this CA

@@ -1,0 +1,64 @@
+"""CDI specs the driver writes: valid against the official CDI JSON schema, at the lowest version that covers
+the fields used, written atomically, one per claim."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT7
+
+from gpumgr.dra import cdi
+from tests.dra.harness import NS, DraNode, share_request, whole_request
+
+SCHEMA_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "cdi-schema"
+
+
+def validator() -> jsonschema.Draft7Validator:
+    schema = json.loads((SCHEMA_DIR / "schema.json").read_text())
+    defs = json.loads((SCHEMA_DIR / "defs.json").read_text())
+    registry = Registry().with_resource("defs.json", Resource.from_contents(defs, default_specification=DRAFT7))
+    return jsonschema.Draft7Validator(schema, registry=registry)
+
+
+def test_the_schema_rejects_a_broken_spec():
+    spec = cdi.build_spec(claim_uid="u1", gpus=[(0, 0, "GPU-0")], ctl_devices=["/dev/nvidiactl"], driver_dir="/d",
+                          shim_dir="/s", vdevice_dir=Path("/v"), limited=True, shim_log_level=2, annotations={})
+    validator().validate(spec)
+    spec["devices"][0]["containerEdits"]["deviceNodes"][0]["permissions"] = 7
+    with pytest.raises(jsonschema.ValidationError):
+        validator().validate(spec)
+
+
+def test_lowest_version_covering_the_fields():
+    base = dict(claim_uid="u1", gpus=[(0, 0, "GPU-0")], ctl_devices=[], driver_dir="/d", shim_dir="/s",
+                vdevice_dir=Path("/v"), limited=False, shim_log_level=2)
+    assert cdi.build_spec(**base, annotations={})["cdiVersion"] == "0.5.0"  # deviceNodes[].hostPath
+    assert cdi.build_spec(**base, annotations={"a": "b"})["cdiVersion"] == "0.6.0"
+    assert cdi.minimum_version({"kind": "a.b/c", "devices": [{"name": "x", "containerEdits": {
+        "deviceNodes": [{"path": "/dev/x"}]}}]}) == "0.3.0"
+
+
+async def test_prepared_specs_validate_and_are_removed_at_unprepare(node: DraNode):
+    node.create_claim("share", [share_request()])
+    node.create_claim("pair", [whole_request(count=2)])
+    await node.run_pod("a", {"s": {"resourceClaimName": "share"}})
+    await node.run_pod("b", {"w": {"resourceClaimName": "pair"}})
+    files = sorted(node.cfg.cdi_dir.glob("*.json"))
+    assert len(files) == 2
+    v = validator()
+    for f in files:
+        doc = json.loads(f.read_text())
+        v.validate(doc)
+        assert doc["kind"] == "gpumgr.io/vgpu" and doc["cdiVersion"] == "0.5.0"
+        uid = f.name.removeprefix("gpumgr.io-vgpu_").removesuffix(".json")
+        assert node.claim("share")["metadata"]["uid"] == uid or node.claim("pair")["metadata"]["uid"] == uid
+    assert not list(node.cfg.cdi_dir.glob(".*"))  # no temp files left
+    await node.delete_pod("a")
+    await node.delete_pod("b")
+    assert list(node.cfg.cdi_dir.glob("*.json")) == []
+    assert node.layout.keys() == []
+    assert node.api.store.get_pod(NS, "a") is None
