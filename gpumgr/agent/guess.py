@@ -75,12 +75,15 @@ def judge(topo: Topology, ledger: Ledger, cands: Sequence[Candidate], cards: tup
     there (the kubelet may be admitting one of them: then any answer strands it)."""
     here: list[Candidate] = []
     elsewhere: list[Candidate] = []
+    nowhere = 0
     for c in cands:
         if fits_on(ledger, c, cards, unit_mib):
             here.append(c)
         elif fits_somewhere(topo, ledger, c, unit_mib):
             elsewhere.append(c)
-    return Verdict(tuple(here), tuple(elsewhere))
+        else:
+            nowhere += 1
+    return Verdict(tuple(here), tuple(elsewhere), nowhere)
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ class Plan:
 class Verdict:
     here: tuple[Candidate, ...]  # fit on the chosen cards
     stranded_if_chosen: tuple[Candidate, ...]  # fit on the node, not on the chosen cards
+    fit_nowhere: int = 0  # candidates that fit on no card now (the kubelet admitting one of them: it cannot run)
 
     @property
     def safe(self) -> bool:

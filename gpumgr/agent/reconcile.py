@@ -107,7 +107,8 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
         except devids.BadDeviceID as e:
             log.error("reconcile: kubelet checkpoint entry of pod %s container %s: %s", uid, cname, e)
             continue
-        restore.append(service._allocation_for(binding.Candidate(pod, ask, None, ()), cards, key, verified=True))
+        restore.append(service._allocation_for(binding.Candidate(pod, ask, None, ()), cards, key, verified=True,
+                                               ids=list(ids)))
 
     if release:
         removed = await service.release(release, f"reconcile ({why}): no live pod holds it")

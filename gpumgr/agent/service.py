@@ -166,7 +166,12 @@ class AllocationService:
                                   Request(size, self.state.memory_unit_mib if size < 100 else 0)).cards
                 except (InvalidRequest, NoFit):
                     return None
-            return guess.plan(self.state.topology, ledger, cands, self.state.memory_unit_mib).cards
+            planned = guess.plan(self.state.topology, ledger, cands, self.state.memory_unit_mib)
+            if planned.cards is None or len(planned.possible) < len(cands):
+                dead = await self._dead_holders(self._holders_on(None, skip=[]), ckpt)
+                if dead:  # gone pods' holdings, freed when the kubelet hands out their devices: plan without them
+                    planned = guess.plan(self.state.topology, self._without(dead), cands, self.state.memory_unit_mib)
+            return planned.cards
         # vcuda-memory: the card of the container's vcuda-core allocation, when it was made first
         for a in reversed(list(self.state.ledger.allocations.values())):
             if a.meta.get("verified") != "true" and a.cores < 100:
@@ -217,8 +222,8 @@ class AllocationService:
         if cands:
             trial = self._without(dead)
             verdict = guess.judge(self.state.topology, trial, cands, cards, unit)
-            if not verdict.safe:  # the kubelet may hand out IDs the ledger still counts for a pod that is gone
-                more = await self._dead_holders(self._holders_on(cards, skip=dead), ckpt)
+            if not verdict.safe or verdict.fit_nowhere:  # the ledger may still count holders the kubelet let go
+                more = await self._dead_holders(self._holders_on(None, skip=dead), ckpt)
                 if more:
                     dead += more
                     trial = self._without(dead)
@@ -269,9 +274,8 @@ class AllocationService:
         except OSError as e:
             raise PluginError.precondition(f"cannot record the allocation, nothing allocated: {e}", "checkpoint") \
                 from None
-        for d in dead:
-            if d.key != key:
-                await self.vdevices.stop(d.key)
+        for d in dead:  # its server goes; the directory stays when the new allocation has the same key
+            await self.vdevices.stop(d.key, remove_dir=d.key != key)
             log.info("allocate: freed cards %s of %s/%s container %s (key %s): the kubelet no longer records it "
                      "and its pod is gone or finished", list(d.cards), d.meta.get("namespace", "?"),
                      d.meta.get("pod", "?"), d.meta.get("container", "?"), d.key)
@@ -370,10 +374,11 @@ class AllocationService:
             trial.release(d.key)
         return trial
 
-    def _holders_on(self, cards: tuple[int, ...], skip: list[Allocation]) -> list[Allocation]:
+    def _holders_on(self, cards: tuple[int, ...] | None, skip: list[Allocation]) -> list[Allocation]:
+        """Allocations on these cards (None: on any), except `skip`."""
         gone = {d.key for d in skip}
         return [a for a in self.state.ledger.allocations.values()
-                if a.key not in gone and set(a.cards) & set(cards)]
+                if a.key not in gone and (cards is None or set(a.cards) & set(cards))]
 
     async def _dead_holders(self, allocs: list[Allocation], ckpt: KubeletCheckpoint | None) -> list[Allocation]:
         """Of `allocs`, those the kubelet does not record and whose pod is gone or finished (from a fresh list):
@@ -416,9 +421,10 @@ class AllocationService:
             ask = binding.find_container(pod, cname)
             if ask is None or ask.cores != have.cores:
                 continue
-            truth = self._allocation_for(binding.Candidate(pod, ask, None, ()), have.cards, k)
-            meta = {**truth.meta, "answered_memory_mib": have.meta.get("answered_memory_mib", ""),
-                    "ids": have.meta.get("ids", "")}
+            ids = next(e.device_ids for e in ckpt.entries if e.resource_name == podspec.RESOURCE_CORE
+                       and allocation_key(e.device_ids) == k)
+            truth = self._allocation_for(binding.Candidate(pod, ask, None, ()), have.cards, k, ids=list(ids))
+            meta = {**truth.meta, "answered_memory_mib": have.meta.get("answered_memory_mib", "")}
             riders = [a.memory_mib for a in ledger.allocations.values() if a.meta.get("rides_on") == k]
             truths.append(replace(truth, memory_mib=max([truth.memory_mib, *riders]) if ask.cores < 100 else 0,
                                   meta={m: v for m, v in meta.items() if v}))
@@ -598,7 +604,7 @@ class AllocationService:
                                            f"is {phase} ({(pod.get('status') or {}).get('message', '')}); its "
                                            "containers are not started", "finished")
         try:
-            await self._verify(pod, container, cards, cores, key, ckpt)
+            await self._verify(pod, container, cards, device_ids, key, ckpt)
         except PluginError as e:
             if e.reason == "no_fit":  # it would fail at every retry: fail the pod so that its owner recreates it
                 await self._fail_pod(pod, container, key, e.message)
@@ -629,7 +635,8 @@ class AllocationService:
                     log.warning("could not mark pod %s/%s Failed: %s", meta.get("namespace"), meta.get("name"), e)
 
     async def _verify(self, pod: Mapping[str, Any], container: str, cards: tuple[int, ...],
-                      cores: int, key: str, ckpt: KubeletCheckpoint) -> None:
+                      device_ids: list[str], key: str, ckpt: KubeletCheckpoint) -> None:
+        cores = len(device_ids)
         uid = str(pod["metadata"]["uid"])
         ask = binding.find_container(pod, container)
         if ask is None or ask.cores != cores:
@@ -638,7 +645,7 @@ class AllocationService:
                 f"{ask.cores if ask else 0})", "mismatch")
         meta = pod["metadata"]
         cand = binding.Candidate(pod=pod, ask=ask, recorded=None, order=())
-        truth = self._allocation_for(cand, cards, key, verified=True)
+        truth = self._allocation_for(cand, cards, key, verified=True, ids=device_ids)
         current = self.state.ledger.held_by(key)
         if current is not None and _identity(current) == _identity(truth):
             # the guess was right: keep its reservation if a reusing container rides on it, else shrink what was
@@ -693,7 +700,8 @@ class AllocationService:
             ask = binding.find_container(pod, e.container_name) if pod else None
             if pod is None or ask is None or ask.cores != have.cores:
                 continue
-            out.append(self._allocation_for(binding.Candidate(pod, ask, None, ()), have.cards, k))
+            out.append(self._allocation_for(binding.Candidate(pod, ask, None, ()), have.cards, k,
+                                            ids=list(e.device_ids)))
         return out
 
     async def _owner(self, device_ids: list[str]) -> tuple[str, str, KubeletCheckpoint]:

@@ -49,7 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    metavar="S", help="seconds for a request's headers, and idle connections "
                    f"(default {DEFAULT_HEADER_TIMEOUT:g})")
     p.add_argument("--body-timeout", default=env_default("--body-timeout", str(DEFAULT_BODY_TIMEOUT)),
-                   metavar="S", help=f"seconds for a request's whole body (default {DEFAULT_BODY_TIMEOUT:g})")
+                   metavar="S", help=f"seconds for a request's whole body, and for the caller to take the answer "
+                   f"(default {DEFAULT_BODY_TIMEOUT:g})")
     p.add_argument("--max-connections", default=env_default("--max-connections", str(DEFAULT_MAX_CONNECTIONS)),
                    metavar="N", help=f"open connections at once; more get 503 (default {DEFAULT_MAX_CONNECTIONS})")
     p.add_argument("--probe-listen", default=env_default("--probe-listen", ""), metavar="HOST:PORT",

@@ -34,6 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--insecure-http", action="store_true",
                    default=(env_default("--insecure-http", "") or "").lower() in ("1", "true", "yes"),
                    help="serve plain HTTP without a certificate (tests and demos only; the API server needs HTTPS)")
+    p.add_argument("--max-cards-per-container", default=env_default("--max-cards-per-container", "16"), metavar="N",
+                   help="refuse a container that asks more whole cards than this (default 16; set it to the most "
+                   "cards any node of the cluster has)")
+    p.add_argument("--header-timeout", default=env_default("--header-timeout", "5"), metavar="S",
+                   help="seconds for a request's TLS handshake and headers, and for idle connections (default 5)")
+    p.add_argument("--max-connections", default=env_default("--max-connections", "256"), metavar="N",
+                   help="open connections at once; more are answered 503 and closed (default 256)")
     p.add_argument("--log-level", default=env_default("--log-level", "info"), help="debug, info, warning, error")
     p.set_defaults(func=run)
 
@@ -48,10 +55,33 @@ def run(args: argparse.Namespace) -> int:
     if not _NAME.match(args.scheduler_name or ""):
         raise InputError(f"--scheduler-name {args.scheduler_name!r}: expected a lower-case DNS name "
                          "such as gpumgr-scheduler")
+    limits = _limits(args)
     tls = _tls(args)
     import asyncio
 
-    return asyncio.run(_serve(args.scheduler_name, tls, host, port))
+    return asyncio.run(_serve(args.scheduler_name, tls, host, port, limits))
+
+
+def _limits(args: argparse.Namespace) -> dict[str, float]:
+    """WebhookServer keyword arguments from the limit flags; InputError naming the flag otherwise."""
+    import math
+
+    from gpumgr.docfile import InputError
+
+    out: dict[str, float] = {}
+    for flag, key, kind, top in (("--max-cards-per-container", "max_cards", int, 4096),
+                                 ("--header-timeout", "header_timeout", float, 300),
+                                 ("--max-connections", "max_connections", int, 65536)):
+        text = str(getattr(args, flag.lstrip("-").replace("-", "_")))
+        try:
+            value = kind(text.strip()) if text.strip().isascii() else None
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or not 0 < value <= top:
+            what = "a whole number" if kind is int else "seconds"
+            raise InputError(f"{flag} {text[:40]!r}: expected {what} above 0 and at most {top}")
+        out[key] = value
+    return out
 
 
 def _tls(args: argparse.Namespace) -> TlsFiles | None:
@@ -86,7 +116,7 @@ def _tls(args: argparse.Namespace) -> TlsFiles | None:
     return tls
 
 
-async def _serve(scheduler_name: str, tls: TlsFiles | None, host: str, port: int) -> int:
+async def _serve(scheduler_name: str, tls: TlsFiles | None, host: str, port: int, limits: dict[str, float]) -> int:
     import asyncio
     import logging
     import signal
@@ -94,7 +124,8 @@ async def _serve(scheduler_name: str, tls: TlsFiles | None, host: str, port: int
     from gpumgr.webhook.server import WebhookServer
 
     log = logging.getLogger("gpumgr.webhook")
-    server = WebhookServer(scheduler_name, tls)
+    server = WebhookServer(scheduler_name, tls, header_timeout=limits["header_timeout"],
+                           max_connections=int(limits["max_connections"]), max_cards=int(limits["max_cards"]))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

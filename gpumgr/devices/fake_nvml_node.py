@@ -14,12 +14,27 @@ from pathlib import Path
 from gpumgr.devices.types import Inventory
 
 ENV = "FAKE_NVML_NODE"  # the variable the library reads the node file's path from
-LIBRARY_DIR = Path(__file__).resolve().parents[2] / "tests" / "fakes" / "libnvml"
+LIBRARY_ENV = "GPUMGR_FAKE_NVML_LIB"  # a built fake library to use instead of the source checkout's
+LIBRARY_DIR = Path(__file__).resolve().parents[2] / "tests" / "fakes" / "libnvml"  # only in a source checkout
 
 
 def library(variant: str = "current") -> Path:
-    """Where `make fake-nvml` puts the library (one build per driver age, see its Makefile)."""
+    """Where `make fake-nvml` puts the library (one build per driver age, see its Makefile), or $GPUMGR_FAKE_NVML_LIB
+    for today's driver (the variant an installed gpumgr's demo uses)."""
+    override = os.environ.get(LIBRARY_ENV, "")
+    if override and variant == "current":
+        return Path(override)
     return LIBRARY_DIR / "build" / variant / "libnvidia-ml.so.1"
+
+
+def gpu_bus_id(index: int) -> str:
+    """A valid, distinct PCI bus id for GPU `index` (32 per PCI domain, so the bus stays two hex digits)."""
+    return f"{index // 32:08X}:{0x07 + 8 * (index % 32):02X}:00.0"
+
+
+def npu_bus_id(index: int) -> str:
+    """The IBM NPU at the CPU end of GPU `index`'s NVLinks: a domain no GPU or NVSwitch uses."""
+    return f"0000FFFF:{index % 256:02X}:00.0"
 
 
 def sysfs_bus(bus_id: str) -> str:
@@ -46,6 +61,7 @@ class FakeNvmlNode:
     memory_affinity: bool = True  # NVML answers nvmlDeviceGetMemoryAffinity with the GPU's NUMA node
     driver: str = "550.54.15"
     init_error: int = 0
+    no_ecc: tuple[int, ...] = ()  # cards with ECC off: no ECC counters, registering for ECC events refused
     bus_ids: list[str] = field(default_factory=list)
 
     @property
@@ -68,7 +84,7 @@ class FakeNvmlNode:
 
     def write(self) -> FakeNvmlNode:
         inv, n = self.inventory, self.inventory.count
-        self.bus_ids = [f"00000000:{0x07 + 8 * i:02X}:00.0" for i in range(n)]
+        self.bus_ids = [gpu_bus_id(i) for i in range(n)]
         lines = [f"driver {self.driver}", "cuda 12040", f"control {self.control}"]
         if self.init_error:
             lines.append(f"init_error {self.init_error}")
@@ -76,6 +92,8 @@ class FakeNvmlNode:
             lines.append(f"gpu {g.uuid} {g.minor} {self.bus_ids[i]} {g.memory_mib} {GPU_PCI_ID:08X} {g.name}")
             if self.memory_affinity and g.numa_node is not None:
                 lines.append(f"memaff {i} {g.numa_node}")
+            if i in self.no_ecc:
+                lines.append(f"noecc {i}")
         used = [0] * n
         links: list[str] = []
 
@@ -96,7 +114,7 @@ class FakeNvmlNode:
                         add(a, "gpu", self.bus_ids[b], GPU_PCI_ID)
         for i in range(n):
             for _ in range(self.npu_links):
-                add(i, "npu", f"00000000:{0xF0 + i:02X}:00.0", NPU_PCI_ID)
+                add(i, "npu", npu_bus_id(i), NPU_PCI_ID)
         for i in range(n):
             if used[i]:
                 lines.append(f"nvlinks {i} {max(used[i], 12)}")

@@ -9,6 +9,8 @@ call falls back to the older one it replaced, or, when there is none, to a logge
   running processes   ..._v3 -> ..._v2 -> the unversioned v1 call -> no per-process memory
                       (..._v2 first on 535.43-535.86, whose ..._v3 fills a struct nvidia-ml-py does not read)
   event wait          nvmlEventSetWait_v2 -> nvmlEventSetWait -> no XID/ECC events (ECC counters still polled)
+  event types         XID + double-bit ECC, masked by nvmlDeviceGetSupportedEventTypes (ECC off: XID only);
+                      without that call: both, then XID alone if NVML refuses
   NVSwitch links      nvmlDeviceGetNvLinkRemoteDeviceType -> the remote's PCI vendor (NVIDIA, not a GPU = switch)
 NUMA node: the PCI device's `numa_node` in sysfs (what the kubelet reads), else NVML's memory affinity.
 A card that read as lost and reads again has been reset: the next `wait_events` reports it "recovered".
@@ -38,6 +40,7 @@ _PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetCompu
                   "nvmlDeviceGetComputeRunningProcesses")
 _WAIT_CALLS = ("nvmlEventSetWait_v2", "nvmlEventSetWait")
 _MAX_PROCESSES = 4096  # bound on one card's process list
+_VALUE_NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE in an unsigned long long field
 
 
 class NvmlBackend:
@@ -269,7 +272,7 @@ class NvmlBackend:
                 continue
             except nv.NVMLError:
                 return []
-            return [ProcessUsage(pid=int(p.pid), used_memory_bytes=int(p.usedGpuMemory or 0))
+            return [ProcessUsage(pid=int(p.pid), used_memory_bytes=_known_bytes(p.usedGpuMemory))
                     for p in raw[:_MAX_PROCESSES]]
         return []
 
@@ -314,13 +317,35 @@ class NvmlBackend:
             log.warning("NVML event set not available (%s): XID and ECC events are not watched; ECC counters "
                         "and lost cards are still polled", e)
             return False
-        mask = nv.nvmlEventTypeXidCriticalError | nv.nvmlEventTypeDoubleBitEccError
         for i, h in enumerate(self._handles):
-            try:
-                nv.nvmlDeviceRegisterEvents(h, mask, es)
-            except nv.NVMLError as e:
-                log.warning("GPU %d: cannot register for XID/ECC events (%s)", i, e)
+            self._register_card(i, h, es)
         return es
+
+    def _register_card(self, index: int, handle: Any, es: Any) -> None:
+        """XID and double-bit ECC events, or as many of them as the card has: NVML refuses (NOT_SUPPORTED) a
+        registration naming any type the card lacks, so a card with ECC off would otherwise get no XID either."""
+        nv = self._nv
+        xid, dbe = nv.nvmlEventTypeXidCriticalError, nv.nvmlEventTypeDoubleBitEccError
+        try:
+            masks = [(xid | dbe) & int(nv.nvmlDeviceGetSupportedEventTypes(handle))]
+        except (nv.NVMLError, AttributeError):
+            masks = [xid | dbe, xid]  # this NVML cannot say: try both, then XID alone
+        for mask in masks:
+            if not mask & xid:
+                log.warning("GPU %d: NVML reports no XID events for this card: XID errors are not watched", index)
+                return
+            try:
+                nv.nvmlDeviceRegisterEvents(handle, mask, es)
+            except nv.NVMLError_NotSupported:
+                continue
+            except nv.NVMLError as e:
+                log.warning("GPU %d: cannot register for XID/ECC events (%s)", index, e)
+                return
+            if not mask & dbe:
+                log.info("GPU %d: no double-bit ECC events (ECC off or not supported): watching XID events only",
+                         index)
+            return
+        log.warning("GPU %d: cannot register for XID events (NVML: not supported)", index)
 
     def _wait(self, timeout_ms: int) -> Any:
         """One event, through the newest wait call this driver has; None when it has none."""
@@ -423,6 +448,14 @@ def _v3_struct_differs(driver: str) -> bool:
     if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
         return False
     return int(parts[0]) == 535 and 43 <= int(parts[1]) <= 86
+
+
+def _known_bytes(value: Any) -> int:
+    """A process's memory: None (nvidia-ml-py's ..._v2/_v3) or NVML_VALUE_NOT_AVAILABLE (all ones, as the
+    hand-read v1 call returns it on old drivers and under some virtualisation) mean unknown, reported as 0."""
+    if value is None or int(value) == _VALUE_NOT_AVAILABLE:
+        return 0
+    return int(value)
 
 
 def _text(value: Any) -> str:

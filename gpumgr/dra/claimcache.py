@@ -1,8 +1,7 @@
-"""The ResourceClaims allocated to this driver's pool, kept current by a list + watch, so that
-NodePrepareResources rarely waits for a GET.
+"""The ResourceClaims allocated to this driver's pool, kept current by a list + watch, for listing.
 
-Only a claim that is allocated here, reserved for a pod and has the UID the kubelet named is answered from the
-cache (an allocation never changes once written); anything else is read from the API. The watch runs in a
+NodePrepareResources does not use it: an allocation can change under one UID (deallocated, then allocated
+again), and a watch may lag, so prepare always reads the claim from the API (one GET). The watch runs in a
 thread (the `kubernetes` client blocks) and hands events to the event loop.
 """
 
@@ -11,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from gpumgr.dra.kubeaccess import DraKube
@@ -32,8 +31,6 @@ class ClaimCache:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.synced = asyncio.Event()
-        self.hits = 0
-        self.misses = 0
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -85,16 +82,11 @@ class ClaimCache:
                 log.debug("ResourceClaim watch failed: %s", e)
                 self._stop.wait(RETRY_S)
 
-    async def get(self, namespace: str, name: str, uid: str, fetch: Callable[[str, str], Awaitable[Obj | None]]) \
-            -> Obj | None:
-        """The claim, from the cache when it is certainly the allocated one the kubelet means, else the API."""
-        cached = self._claims.get((namespace, name))
-        if cached is not None and (cached.get("metadata") or {}).get("uid") == uid \
-                and (cached.get("status") or {}).get("reservedFor"):
-            self.hits += 1
-            return cached
-        self.misses += 1
-        return await fetch(namespace, name)
+    def claims(self) -> list[Obj]:
+        """The claims allocated to this pool, as the watch last saw them (for listing and recovery checks).
+        Never the answer to a prepare: a claim can be deallocated and allocated again under the same UID, and
+        a lagging watch would still show the old allocation; prepare reads the claim from the API."""
+        return list(self._claims.values())
 
 
 class _Expired(Exception):

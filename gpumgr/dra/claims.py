@@ -13,7 +13,7 @@ from typing import Any
 
 from gpumgr.devices.types import Inventory
 from gpumgr.dra.quantity import QuantityError, parse_int
-from gpumgr.dra.slices import CORES, MIB, device_index
+from gpumgr.dra.slices import CORES, MIB, device_index, memory_ceiling
 
 MAX_RESULTS = 32  # a claim may hold at most 32 devices (resource.k8s.io/v1 AllocationResultsMaxSize)
 _UID = re.compile(r"^[0-9a-zA-Z][0-9a-zA-Z-]{0,62}$")
@@ -89,6 +89,51 @@ def _device_grant(label: str, r: Mapping[str, Any], pool: str, inv: Inventory) -
     share = r.get("shareID")
     return DeviceGrant(request=str(r.get("request", "")), device=device, index=index,
                        share_id=str(share) if share else "", memory_bytes=memory, cores=cores)
+
+
+def per_card(grant: ClaimGrant) -> list[CardGrant]:
+    """One entry per card, in the order the cards first appear: a card granted to several requests of the claim
+    (a device that allows multiple allocations) gets their amounts summed, cores capped at 100."""
+    cards: dict[int, CardGrant] = {}
+    for d in grant.devices:
+        got = cards.get(d.index)
+        if got is None:
+            cards[d.index] = CardGrant(index=d.index, device=d.device, memory_bytes=d.memory_bytes, cores=d.cores)
+        else:
+            cards[d.index] = CardGrant(index=d.index, device=d.device, memory_bytes=got.memory_bytes + d.memory_bytes,
+                                       cores=min(CORES, got.cores + d.cores))
+    return list(cards.values())
+
+
+def check_enforceable(grant: ClaimGrant, inventory: Inventory, memory_unit_mib: int) -> list[CardGrant]:
+    """The claim's cards, or a ClaimError when the shim could not enforce what was granted:
+    - different core shares on its cards (the limits file has one core limit per container);
+    - a limited (fractional) claim reserved for more than one pod (each pod has its own shared-memory
+      accounting, so N pods could use N times the claim's memory)."""
+    label = f"claim {grant.namespace}/{grant.name}"
+    cards = per_card(grant)
+    shares = sorted({c.cores for c in cards})
+    if len(shares) > 1:
+        listed = ", ".join(f"{c.device} {c.cores}" for c in cards)
+        raise ClaimError(f"{label}: its devices have different core shares ({listed}); the shim enforces one core "
+                         "limit per container: ask the same cores on every device, or use one claim per share")
+    limited = any(c.cores < CORES or c.memory_bytes < memory_ceiling(inventory.gpus[c.index].memory_mib,
+                                                                     memory_unit_mib) for c in cards)
+    if limited and len(grant.pods) > 1:
+        names = ", ".join(p.name or p.uid for p in grant.pods)
+        raise ClaimError(f"{label} is a fractional (limited) claim shared by {len(grant.pods)} pods ({names}); "
+                         "each pod would get the whole limit: a limited claim may be used by one pod only "
+                         "(give each pod its own claim, e.g. a ResourceClaimTemplate; whole-card claims may be "
+                         "shared)")
+    return cards
+
+
+@dataclass(frozen=True)
+class CardGrant:
+    index: int
+    device: str
+    memory_bytes: int
+    cores: int
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,7 @@ class DraFrontEnd:
         self.state = state
         self.kube = kube
         self.claims = ClaimCache(kube, cfg.driver_name, cfg.node_name)
-        self.preparer = ClaimPreparer(cfg, state, layout, vdevices,
-                                      lambda ns, name, uid: self.claims.get(ns, name, uid, kube.get_claim))
+        self.preparer = ClaimPreparer(cfg, state, layout, vdevices, lambda ns, name, uid: kube.get_claim(ns, name))
         self.publisher = SlicePublisher(cfg, state, kube)
         self.registration = RegistrationServicer(cfg)
         self.health = DraHealthServicer(cfg, state)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -92,36 +92,43 @@ def _unique(claims: object) -> list[pb.Claim]:
 
 
 class DraHealthServicer(hpb_grpc.DRAResourceHealthServicer):
-    def __init__(self, cfg: DraConfig, state: NodeState):
+    """Each response is the complete list, stamped with the time it is sent: at once, on every change, and
+    every HEALTH_PERIOD_S without one, well inside HEALTH_TIMEOUT_S, so the kubelet never marks a quiet card
+    Unknown."""
+
+    def __init__(self, cfg: DraConfig, state: NodeState, clock: Callable[[], float] = time.time):
         self.cfg = cfg
         self.state = state
-        self.since: dict[int, int] = {}
+        self.clock = clock
 
     def snapshot(self) -> hpb.NodeWatchResourcesResponse:
         st = self.state
-        now = int(time.time())
+        now = int(self.clock())
         out = hpb.NodeWatchResourcesResponse()
         for g in st.inventory.gpus:
             reasons = sorted(st.health_reasons.get(g.index, ()))
-            healthy = not reasons
-            key = g.index if healthy else -1 - g.index
-            changed = self.since.setdefault(key, now)
-            self.since.pop(-1 - g.index if healthy else g.index, None)
             out.devices.append(hpb.DeviceHealth(
                 device=hpb.DeviceIdentifier(pool_name=self.cfg.node_name, device_name=device_name(g.index)),
-                health=hpb.HEALTHY if healthy else hpb.UNHEALTHY, last_updated_time=changed,
-                health_check_timeout_seconds=HEALTH_TIMEOUT_S,
-                message=("; ".join(reasons))[:MAX_MESSAGE]))
+                health=hpb.UNHEALTHY if reasons else hpb.HEALTHY, last_updated_time=now,
+                health_check_timeout_seconds=HEALTH_TIMEOUT_S, message=("; ".join(reasons))[:MAX_MESSAGE]))
         return out
 
     async def NodeWatchResources(self, request: hpb.NodeWatchResourcesRequest,  # noqa: N802
                                  context: grpc.aio.ServicerContext) -> AsyncIterator[hpb.NodeWatchResourcesResponse]:
+        loop = asyncio.get_running_loop()
         version = self.state.version
         last = self.snapshot()
+        sent = loop.time()
         yield last
         while True:
-            version = await self.state.wait_change(version, timeout=HEALTH_PERIOD_S)
+            # a health change wakes this early (other node changes do not send); a quiet period ends with the
+            # same list, freshly stamped
+            version = await self.state.wait_change(version, timeout=max(0.0, sent + HEALTH_PERIOD_S - loop.time()))
             now = self.snapshot()
-            if [(d.health, d.message) for d in now.devices] != [(d.health, d.message) for d in last.devices]:
-                last = now
+            if loop.time() - sent >= HEALTH_PERIOD_S or _health(now) != _health(last):
+                last, sent = now, loop.time()
                 yield now
+
+
+def _health(resp: hpb.NodeWatchResourcesResponse) -> list[tuple[int, str]]:
+    return [(d.health, d.message) for d in resp.devices]

@@ -9,9 +9,10 @@ Ledger keys: `dra/<claim uid>/<n>`, one per granted device. vDevice directory: t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +20,9 @@ from gpumgr.agent.state import NodeState
 from gpumgr.allocator import Ledger
 from gpumgr.allocator.ledger import Allocation, LedgerError
 from gpumgr.dra import cdi
-from gpumgr.dra.claims import ClaimError, ClaimGrant, check_uid, grant_from_claim
+from gpumgr.dra.claims import ClaimError, ClaimGrant, check_enforceable, check_uid, grant_from_claim, per_card
 from gpumgr.dra.config import LEDGER_PREFIX, DraConfig
-from gpumgr.dra.slices import CORES, MIB
+from gpumgr.dra.slices import CORES, MIB, memory_ceiling
 from gpumgr.vdevice.layout import VDeviceLayout, allocation_key
 from gpumgr.vdevice.limits import DeviceLimit, Limits
 from gpumgr.vdevice.server import VDeviceManager
@@ -59,10 +60,28 @@ class ClaimPreparer:
         self.vdevices = vdevices
         self.get_claim = get_claim
         self.cdi = cdi.CdiDir(cfg.cdi_dir)
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # uid -> (lock, holders + waiters)
+        self._running: set[asyncio.Task[list[PreparedDevice]]] = set()
 
-    def _lock(self, uid: str) -> asyncio.Lock:
-        return self._locks.setdefault(uid, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _lock(self, uid: str) -> AsyncIterator[None]:
+        """One prepare / unprepare of a claim at a time. The lock is forgotten only when nobody holds or waits
+        for it, so a queued waiter and a newcomer always share one lock."""
+        lock, users = self._locks.get(uid, (asyncio.Lock(), 0))
+        self._locks[uid] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[uid]
+            if users <= 1:
+                del self._locks[uid]
+            else:
+                self._locks[uid] = (lock, users - 1)
+
+    def locks_held(self) -> int:
+        """Claims with a prepare or unprepare running or waiting."""
+        return len(self._locks)
 
     # -- prepare --------------------------------------------------------------------------------------------
     async def prepare(self, namespace: str, name: str, uid: str) -> list[PreparedDevice]:
@@ -82,13 +101,17 @@ class ClaimPreparer:
             raise ClaimError(f"{label} (UID {uid}) not found in the API")
         grant = grant_from_claim(claim, namespace=namespace, name=name, uid=uid, driver=self.cfg.driver_name,
                                  pool=self.cfg.node_name, inventory=self.state.inventory)
-        try:
-            async with self._lock(uid):
-                return await self._prepare(grant)
-        finally:
-            lock = self._locks.get(uid)
-            if lock is not None and not lock.locked() and not claim_keys(self.state.ledger, uid):
-                self._locks.pop(uid, None)  # nothing held: keep no state for UIDs that failed
+        check_enforceable(grant, self.state.inventory, self.cfg.memory_unit_mib)
+        # shielded: a cancelled call (the kubelet's deadline) never stops between the commit and the edits;
+        # the prepare finishes (or rolls back) on its own, and the kubelet's retry finds it done
+        task = asyncio.ensure_future(self._locked_prepare(grant))
+        self._running.add(task)
+        task.add_done_callback(_forget_task(self._running))
+        return await asyncio.shield(task)
+
+    async def _locked_prepare(self, grant: ClaimGrant) -> list[PreparedDevice]:
+        async with self._lock(grant.uid):
+            return await self._prepare(grant)
 
     async def _prepare(self, grant: ClaimGrant, check_health: bool = True) -> list[PreparedDevice]:
         label = f"claim {grant.namespace}/{grant.name}"
@@ -114,10 +137,12 @@ class ClaimPreparer:
                 raise ClaimError(f"{label}: the checkpoint could not be written: {e}") from None
             created = True
         try:
-            devices = await self._materialise(grant)
-        except Exception as e:
-            if created:
+            devices = await self._materialise(grant, fresh=created)
+        except BaseException as e:
+            if created:  # only what this call made is undone: a claim held before stays as it was
                 await self._release(grant.uid)
+            if not isinstance(e, Exception):
+                raise
             raise ClaimError(f"{label}: preparing the container edits failed: {_short(e)}") from None
         if created:
             log.info("%s (UID %s) prepared for pod %s: %s", label, grant.uid, grant.pods[0].uid,
@@ -136,28 +161,36 @@ class ClaimPreparer:
         return out
 
     def limits(self, grant: ClaimGrant) -> Limits:
+        """One entry per card (a card granted to two requests: the amounts summed). A grant of the card's whole
+        memory (rounded down to the request step) has no memory limit."""
         inv = self.state.inventory
-        fractional = [d.cores for d in grant.devices if d.cores < CORES]
+        cards = per_card(grant)
+        fractional = [c.cores for c in cards if c.cores < CORES]  # one share (prepare refuses mixed ones)
         devices = tuple(
-            DeviceLimit(uuid=inv.gpus[d.index].uuid, index=d.index,
-                        memory_limit_bytes=d.memory_bytes if d.memory_bytes < inv.gpus[d.index].memory_mib * MIB
+            DeviceLimit(uuid=inv.gpus[c.index].uuid, index=c.index,
+                        memory_limit_bytes=c.memory_bytes
+                        if c.memory_bytes < memory_ceiling(inv.gpus[c.index].memory_mib, self.cfg.memory_unit_mib)
                         else 0)
-            for d in grant.devices)
+            for c in cards)
         name = grant.name if _LABEL.match(grant.name) else "claim"
         return Limits(pod_uid=grant.pods[0].uid, container_name=name, core_limit=max(fractional, default=0),
                       hard_limit=True, core_ceiling=0, devices=devices)
 
-    async def _materialise(self, grant: ClaimGrant) -> list[PreparedDevice]:
+    async def _materialise(self, grant: ClaimGrant, fresh: bool) -> list[PreparedDevice]:
+        """The vDevice directory, server and CDI spec. On failure, `fresh` (this call took the claim): undo
+        them; else (a repeat for a held claim, maybe running) leave them: the spec is replaced atomically, so a
+        failed write keeps the previous one, and the directory a container mounts must never be recreated."""
         inv = self.state.inventory
         key = vdevice_key(grant.uid)
         limits = self.limits(grant)
-        bus_ids = frozenset(inv.gpus[d.index].bus_id for d in grant.devices if inv.gpus[d.index].bus_id)
+        cards = per_card(grant)
+        bus_ids = frozenset(inv.gpus[c.index].bus_id for c in cards if inv.gpus[c.index].bus_id)
         limited = bool(limits.core_limit) or any(d.memory_limit_bytes for d in limits.devices)
         ctl = [f"/dev/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
                if n == "nvidiactl" or (self.cfg.dev_root / n).exists()]
         spec = cdi.build_spec(
             claim_uid=grant.uid,
-            gpus=[(d.index, inv.gpus[d.index].minor, inv.gpus[d.index].uuid) for d in grant.devices],
+            gpus=[(c.index, inv.gpus[c.index].minor, inv.gpus[c.index].uuid) for c in cards],
             ctl_devices=ctl, driver_dir=self.cfg.driver_dir, shim_dir=self.cfg.shim_dir,
             vdevice_dir=self.layout.dir_for(key), limited=limited, shim_log_level=self.cfg.shim_log_level,
             annotations={})
@@ -167,8 +200,9 @@ class ClaimPreparer:
                                                 return_exceptions=True)
         for outcome in (started, written):
             if isinstance(outcome, BaseException):
-                await self.vdevices.stop(key)
-                await self.state.run_io(self.cdi.remove, grant.uid)
+                if fresh:
+                    await self.vdevices.stop(key)
+                    await self.state.run_io(self.cdi.remove, grant.uid)
                 raise outcome
         by_device: dict[str, PreparedDevice] = {}
         for d in grant.devices:
@@ -190,7 +224,6 @@ class ClaimPreparer:
             had_spec = await self.state.run_io(self.cdi.remove, uid)
             await self.vdevices.stop(vdevice_key(uid))
             released = await self._release(uid)
-        self._locks.pop(uid, None)
         if released or had_spec:
             log.info("claim UID %s unprepared: %d ledger entries freed", uid, released)
         return bool(released or had_spec)
@@ -215,6 +248,16 @@ class ClaimPreparer:
 
     async def forget(self, uid: str) -> None:
         await self.unprepare(uid)
+
+
+def _forget_task(running: set[asyncio.Task[list[PreparedDevice]]]) \
+        -> Callable[[asyncio.Task[list[PreparedDevice]]], None]:
+    def done(task: asyncio.Task[list[PreparedDevice]]) -> None:
+        running.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a prepare whose caller left logs nothing spurious
+
+    return done
 
 
 def _short(e: BaseException) -> str:

@@ -38,13 +38,16 @@ def build_spec(inventory: Inventory, node_name: str, driver: str, unhealthy: Map
     """The ResourceSlice spec for the whole pool (one slice: a node has far fewer than 128 GPUs).
 
     `held_elsewhere`: card -> (cores, MiB) that holders other than DRA claims (device-plugin pods, in `both`
-    mode) take; the capacity shown is what is left, so the scheduler never hands that part to a claim."""
+    mode) take; the capacity shown is what is left, so the scheduler never hands that part to a claim. Every
+    range passes the API server's checks: max and default are the value rounded down to the step, and a card
+    with less than min + step left (held whole elsewhere) is left out of the slice."""
     nvlink = nvlink_domains(inventory)
     roots = pcie_roots(inventory)
     held = held_elsewhere or {}
-    devices = [_device(g, inventory, nvlink[g.index], roots[g.index], unhealthy.get(g.index), memory_unit_mib,
-                       held.get(g.index, (0, 0)))
-               for g in inventory.gpus]
+    built = (_device(g, inventory, nvlink[g.index], roots[g.index], unhealthy.get(g.index), memory_unit_mib,
+                     held.get(g.index, (0, 0)))
+             for g in inventory.gpus)
+    devices = [d for d in built if d is not None]
     return {
         "driver": driver,
         "nodeName": node_name,
@@ -53,8 +56,20 @@ def build_spec(inventory: Inventory, node_name: str, driver: str, unhealthy: Map
     }
 
 
+def _floor_to_step(value: int, low: int, step: int) -> int:
+    """The largest `low + n*step` that is <= value (the API requires max - min to be a multiple of step)."""
+    return low + (value - low) // step * step
+
+
+def memory_ceiling(card_mib: int, unit_mib: int) -> int:
+    """Bytes: the most memory one claim can be granted on an unshared card (its memory rounded down to the
+    request step). A grant of this much is the whole card: the shim needs no memory limit for it."""
+    unit = min(unit_mib, card_mib)
+    return _floor_to_step(card_mib, unit, unit) * MIB
+
+
 def _device(g: GPU, inv: Inventory, nvlink: str, root: str, reason: str | None,
-            unit_mib: int, held: tuple[int, int]) -> dict[str, Any]:
+            unit_mib: int, held: tuple[int, int]) -> dict[str, Any] | None:
     attrs: dict[str, dict[str, Any]] = {
         "uuid": {"string": g.uuid},
         "model": {"string": g.name or "unknown"},
@@ -71,18 +86,22 @@ def _device(g: GPU, inv: Inventory, nvlink: str, root: str, reason: str | None,
         version = semver(text)
         if version:
             attrs[key] = {"version": version}
-    memory = max(0, g.memory_mib - held[1]) * MIB
+    memory_mib = max(0, g.memory_mib - held[1])
     cores = max(0, CORES - held[0])
-    unit = min(unit_mib, g.memory_mib) * MIB
+    unit_mib = min(unit_mib, g.memory_mib)
+    if memory_mib < 2 * unit_mib or cores < 2:
+        return None  # what is left cannot form a valid range (min + step <= value): offer nothing of the card
+    memory_max = _floor_to_step(memory_mib, unit_mib, unit_mib) * MIB
+    unit = format_bytes(unit_mib * MIB)
     device: dict[str, Any] = {
         "name": device_name(g.index),
         "attributes": attrs,
         "capacity": {
-            "memory": {"value": format_bytes(memory), "requestPolicy": {
-                "default": format_bytes(memory),
-                "validRange": {"min": format_bytes(unit), "max": format_bytes(memory), "step": format_bytes(unit)}}},
+            "memory": {"value": format_bytes(memory_mib * MIB), "requestPolicy": {
+                "default": format_bytes(memory_max),
+                "validRange": {"min": unit, "max": format_bytes(memory_max), "step": unit}}},
             "cores": {"value": str(cores), "requestPolicy": {
-                "default": str(cores), "validRange": {"min": "1", "max": str(CORES), "step": "1"}}},
+                "default": str(cores), "validRange": {"min": "1", "max": str(cores), "step": "1"}}},
         },
         "allowMultipleAllocations": True,
     }

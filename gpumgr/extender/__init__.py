@@ -3,11 +3,16 @@
 Modules, from the wire inwards:
     wire       the extender JSON (`k8s.io/kube-scheduler/extender/v1`): parsing and replies
     handlers   the aiohttp routes
+    body       reading a request body within bounds (size after decompression, time, a shared budget)
+    lane       one request's CPU work at a time, smallest body first
+    site       the listening socket: TLS, a cap on open connections, the handshake timeout
+    tls        the server's SSL context (client certificates required) and the scheduler's client context
     server     `ExtenderServer`: the HTTP server, the cluster view and its watches, started in-process
     binder     bind: choose cards, assume them, patch the pod, create the Binding
     podcalls   the bind's API calls (get, merge-patch, Binding) over aiohttp
     kubeaccess list + watch through the `kubernetes` client (in threads), and its configuration
     watcher    list + watch of nodes and pods, feeding the cluster view
+    slim       the parts of a pod the view keeps
     cluster    the cluster view: nodes, what every pod holds, assumed holdings, cached fits
     nodestate  one node: inventory, topology, ledger of holdings
     claims     what a pod holds, read from its annotations

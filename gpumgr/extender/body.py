@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_BODY = 1024 * 1024  # 5,000 node names (~150 KB) plus a large pod, with room to spare
 DEFAULT_HEADER_TIMEOUT = 15.0  # seconds for a request's headers (and for an idle kept-alive connection)
-DEFAULT_BODY_TIMEOUT = 10.0  # seconds for a request's whole body
+DEFAULT_BODY_TIMEOUT = 10.0  # seconds for a request's whole body (and for the caller to take the answer)
 DEFAULT_MAX_CONNECTIONS = 128  # open connections at once; more are answered 503 and closed
 BUDGET_BODIES = 16  # the bodies in flight at once may add up to this many times the body limit
 

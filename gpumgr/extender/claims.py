@@ -46,7 +46,7 @@ def pod_claim(pod: Mapping[str, Any]) -> Claim | None:
     return Claim(node=node, held=tuple(held), predicate_time=ann.get(podspec.ANN_PREDICATE_TIME, ""))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class HeldCards:
     index: int  # container position in spec.containers
     minors: tuple[int, ...]  # /dev/nvidiaN numbers
@@ -54,7 +54,7 @@ class HeldCards:
     memory_units: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Claim:
     node: str
     held: tuple[HeldCards, ...]

@@ -12,8 +12,10 @@ The shim (vcuda/src/vc_status.c) writes `vcuda-v<N>-<key>.status` next to its sh
 figures); `unthrottled`: no measure at all, so the compute limit is not enforced. No file means `process`.
 
 The agent reads it through `/proc/<host pid>/root/dev/shm`, for one of the container's own PIDs. The directory is
-the container's to write, so everything is bounded (PIDs tried, names listed, files read, bytes per file), no
-symlink is followed at the last step, and only well-formed UUIDs and known modes come out.
+the container's to write, so everything is bounded (PIDs tried, names listed, files read, bytes per file), the path
+is walked one component at a time from `/proc/<pid>/root` with no symlink followed at any step (an absolute link at
+`dev` or `dev/shm` would otherwise resolve against the agent's own root), and only well-formed UUIDs and known modes
+come out.
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ log = logging.getLogger("gpumgr.metrics")
 class ShimStatusReader:
     def __init__(self, proc_root: Path | str = "/proc", shared_dir: str = "dev/shm"):
         self.proc_root = Path(proc_root)
-        self.shared_dir = shared_dir.strip("/")
+        parts = [p for p in shared_dir.split("/") if p]
+        if not parts or any(p in (".", "..") for p in parts):
+            raise ValueError(f"shared_dir {shared_dir!r}: must be a path below the container's root, without . or ..")
+        self.shared_parts = parts
         self._logged: set[tuple[str, str, str]] = set()  # (container id, uuid, mode) already in the log
 
     def modes(self, pids: Sequence[int], container_id: str) -> dict[str, str]:
@@ -69,10 +74,18 @@ class ShimStatusReader:
                             "from the card's utilisation", container_id, uuid)
 
     def _from_pid(self, pid: int, want: str) -> dict[str, str] | None:
-        d = self.proc_root / str(int(pid)) / "root" / self.shared_dir
+        dfd = _open_dir_in_root(self.proc_root / str(int(pid)) / "root", self.shared_parts)
+        if dfd is None:
+            return None
+        try:
+            return self._from_dir(dfd, want)
+        finally:
+            os.close(dfd)
+
+    def _from_dir(self, dfd: int, want: str) -> dict[str, str] | None:
         names: list[str] = []
         try:
-            with os.scandir(d) as it:
+            with os.scandir(dfd) as it:
                 for n, entry in enumerate(it):
                     if n >= MAX_ENTRIES or len(names) >= MAX_FILES:
                         break
@@ -83,7 +96,7 @@ class ShimStatusReader:
         out: dict[str, str] = {}
         seen = False
         for name in sorted(names):
-            doc = _read(d / name)
+            doc = _read(dfd, name)
             if doc is None:
                 continue
             cid = doc.get("container_id", "").lower()
@@ -94,9 +107,31 @@ class ShimStatusReader:
         return out if seen else None
 
 
-def _read(path: Path) -> dict[str, str] | None:
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_dir_in_root(root: Path, parts: Sequence[str]) -> int | None:
+    """A descriptor of root/parts[0]/parts[1]/..., opened one component at a time relative to the last, with no
+    symlink followed at any step (`root` itself, /proc/<pid>/root, is the kernel's link into the container).
+    None if any step is not a real directory."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(root, _DIR_FLAGS & ~os.O_NOFOLLOW)
+    except OSError:
+        return None
+    for part in parts:
+        try:
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+        except OSError:
+            os.close(fd)
+            return None
+        os.close(fd)
+        fd = nxt
+    return fd
+
+
+def _read(dfd: int, name: str) -> dict[str, str] | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except OSError:
         return None
     try:

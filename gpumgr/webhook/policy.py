@@ -15,11 +15,13 @@ from gpumgr.allocator.request import HUNDRED, InvalidRequest, Request
 
 DEFAULT_SCHEDULER = "default-scheduler"
 MAX_CONTAINERS = 256  # containers plus init containers of one pod
+MAX_CARDS = 16  # whole cards one container may ask (`--max-cards-per-container`): more than any node has
 _UNLIMITED = podspec.MAX_QUANTITY
 
 
-def review_pod(pod: Mapping[str, Any], operation: str, scheduler_name: str) -> Verdict:
-    """Only CREATE is reviewed: a pod's resources and schedulerName cannot change afterwards."""
+def review_pod(pod: Mapping[str, Any], operation: str, scheduler_name: str, max_cards: int = MAX_CARDS) -> Verdict:
+    """Only CREATE is reviewed: a pod's resources and schedulerName cannot change afterwards. A container asking
+    more than `max_cards` whole cards is refused (no node has that many)."""
     if operation != "CREATE":
         return Verdict()
     spec = pod.get("spec")
@@ -47,7 +49,7 @@ def review_pod(pod: Mapping[str, Any], operation: str, scheduler_name: str) -> V
     if not gpu:
         return Verdict()
     for a in gpu:
-        problem = _ask_problem(a)
+        problem = _ask_problem(a, max_cards)
         if problem:
             return Verdict(denied=problem)
     return _point_at(spec, scheduler_name)
@@ -86,17 +88,21 @@ def _quantity_problem(container: Mapping[str, Any], index: int, init: bool) -> s
     return ""
 
 
-def _ask_problem(a: podspec.ContainerAsk) -> str:
+def _ask_problem(a: podspec.ContainerAsk, max_cards: int) -> str:
     where = _where_ask(a)
     if a.cores == 0:
         return (f"{where} asks {podspec.RESOURCE_MEMORY} without {podspec.RESOURCE_CORE}: memory alone cannot be "
                 f"allocated. Add {podspec.RESOURCE_CORE} (1-99 for a share of one card, 100 per whole card) or "
                 f"remove {podspec.RESOURCE_MEMORY}")
     try:
-        Request(cores=a.cores, memory_mib=a.memory_units).validate(
-            card_count=max(1, a.cores // HUNDRED), largest_card_mib=_UNLIMITED)
+        Request(cores=a.cores, memory_mib=a.memory_units).validate(card_count=_UNLIMITED, largest_card_mib=_UNLIMITED)
     except InvalidRequest as e:
         return f"{where}: {e}. {_fix(a)}"
+    cards = a.cores // HUNDRED
+    if cards > max_cards:
+        return (f"{where} asks {cards} whole cards ({podspec.RESOURCE_CORE}: {a.cores}), but this cluster allows "
+                f"at most {max_cards} whole cards per container (the webhook's --max-cards-per-container, chart "
+                f"value webhook.maxCardsPerContainer). Ask {podspec.RESOURCE_CORE}: {max_cards * HUNDRED} or less")
     return ""
 
 

@@ -6,8 +6,10 @@
     await server.stop()
 
 Every error is JSON (`{"error": "..."}`): 400 for a body that is not an AdmissionReview v1, 413 over the size
-limit, 408 when the body is not sent in time, 404/405 for wrong paths and methods. The certificate and key are
-read again when their files change (cert-manager rotates them), checked every `reload_every` seconds.
+limit, 408 when the body is not sent in time, 404/405 for wrong paths and methods, 503 when `max_connections`
+are already open. A connection that has not sent a whole request head within `header_timeout` seconds (or sits
+idle that long between requests) is closed. The certificate and key are read again when their files change
+(cert-manager rotates them), checked every `reload_every` seconds.
 """
 
 from __future__ import annotations
@@ -22,23 +24,34 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpumgr.webhook.policy import review_pod
+from gpumgr.webhook.policy import MAX_CARDS, review_pod
 from gpumgr.webhook.review import BadReview, decode, parse_review, response
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a Pod is at most ~1.5 MiB in etcd; object and oldObject together fit
 READ_TIMEOUT = 10.0  # the API server's own webhook timeout is 10 s by default
+HEADER_TIMEOUT = 5.0  # to send the request line and headers (and the TLS handshake); also the idle keep-alive
+MAX_CONNECTIONS = 256
 RELOAD_EVERY = 60.0
 
 
 class WebhookServer:
     def __init__(self, scheduler_name: str, tls: TlsFiles | None, *, max_body_bytes: int = MAX_BODY_BYTES,
-                 read_timeout: float = READ_TIMEOUT, reload_every: float = RELOAD_EVERY):
+                 read_timeout: float = READ_TIMEOUT, reload_every: float = RELOAD_EVERY,
+                 header_timeout: float = HEADER_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
+                 max_cards: int = MAX_CARDS):
+        for name, value in (("header_timeout", header_timeout), ("max_connections", max_connections),
+                            ("max_cards", max_cards), ("read_timeout", read_timeout)):
+            if not value > 0:
+                raise ValueError(f"{name} must be greater than 0, got {value}")
         self.scheduler_name = scheduler_name
         self.tls = tls
         self.max_body_bytes = max_body_bytes
         self.read_timeout = read_timeout
+        self.header_timeout = header_timeout
+        self.max_connections = max_connections
+        self.max_cards = max_cards
         self.reload_every = reload_every
         self.ssl_context: ssl.SSLContext | None = server_context(tls) if tls else None
         self._stamp = _stamp(tls) if tls else None
@@ -49,15 +62,21 @@ class WebhookServer:
         """Listen; returns the port listened on."""
         from aiohttp import web
 
+        from gpumgr.webhook.site import LimitedSite
+
         if self._runner is not None:
             raise RuntimeError("the webhook is already started")
         app = web.Application(middlewares=[_json_errors(self.max_body_bytes)], client_max_size=self.max_body_bytes)
         app.router.add_post("/mutate", self._mutate)
         app.router.add_get("/healthz", self._healthz)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        # keepalive_timeout is aiohttp's timer from a connection's start (or its last answer) to a whole request
+        # head: a caller that sends part of its headers and stops is closed after it
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, keepalive_timeout=self.header_timeout,
+                               lingering_time=1.0)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port, ssl_context=self.ssl_context, reuse_address=True)
+            site = LimitedSite(runner, host, port, max_connections=self.max_connections,
+                               handshake_timeout=self.header_timeout, ssl_context=self.ssl_context)
             await site.start()
         except BaseException:
             await runner.cleanup()
@@ -65,7 +84,7 @@ class WebhookServer:
         self._runner = runner
         if self.tls is not None and self.reload_every > 0:
             self._reloader = asyncio.ensure_future(self._reload_loop())
-        bound = runner.addresses[0][1] if runner.addresses else port
+        bound = site.port
         log.info("webhook listening on %s://%s:%d (schedulerName %s)", "https" if self.tls else "http", host, bound,
                  self.scheduler_name)
         return int(bound)
@@ -111,7 +130,7 @@ class WebhookServer:
         review = parse_review(decode(raw))
         if not review.is_pod or review.obj is None:
             return _reply(response(review.uid))
-        verdict = review_pod(review.obj, review.operation, self.scheduler_name)
+        verdict = review_pod(review.obj, review.operation, self.scheduler_name, max_cards=self.max_cards)
         name = _pod_name(review.obj, review.namespace)
         if verdict.denied:
             log.info("refused pod %s: %s", name, verdict.denied)

@@ -3,11 +3,13 @@
 One case: a random set of pods (same and different core counts, memory from one unit to near a card, whole cards,
 init containers), created in the API in one order, optionally with the card an extender would have recorded, then
 admitted by the kubelet emulator in another order (creation order, shuffled, largest memory first), each
-container's resources core-first, memory-first or either; containers start (PreStartContainer) right after their
-pod's admission, or after a batch of admissions, in any order. A pod whose admission the agent refuses as unsafe is
-recreated by its "owner" (a new pod, queued again); a pod that fits nowhere is failed and deleted.
+container's resources core-first, memory-first or either; by a kubelet that follows GetPreferredAllocation, or
+(some cases) one that never asks it and takes the sorted free set; containers start (PreStartContainer) right
+after their pod's admission, or after a batch of admissions, in any order. A pod whose admission the agent refuses
+as unsafe is recreated by its "owner" (a new pod, queued again); a pod that fits nowhere is failed and deleted.
 
-Invariants: every pod that fits the node when the kubelet admits it starts (at most RETRIES recreations); no
+Invariants: every pod that fits the node when the kubelet admits it starts (at most RETRIES recreations; with a
+kubelet that ignores the preferred cards, a pod may instead be refused at Allocate, never started wrongly); no
 limit, annotation or ledger entry belongs to another pod; the ledger equals the kubelet checkpoint; no card is
 over-committed. Used by tests/admission/test_property.py (a few dozen cases) and tests/bench/bench_admission.py
 (many more).
@@ -16,6 +18,7 @@ over-committed. Used by tests/admission/test_property.py (a few dozen cases) and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -36,6 +39,7 @@ CORE, MEM = podspec.RESOURCE_CORE, podspec.RESOURCE_MEMORY
 RETRIES = 3
 POD_ORDERS = ("creation", "shuffled", "largest-memory-first")
 RESOURCE_ORDERS = ("core-first", "memory-first", "either")
+NO_PREFERENCE_SHARE = 0.15  # cases whose kubelet never asks GetPreferredAllocation (takes the sorted free set)
 START_MODES = ("at-once", "batch")  # PreStart right after each admission, or after a batch of admissions
 
 
@@ -57,12 +61,14 @@ def make_case(seed: int, cards: int, card_units: int) -> Case:
             init = (rnd.randint(1, app[0]), rnd.randint(1, app[1]))
         pods.append(PodPlan(f"s{seed}-p{i}", app, init))
     return Case(seed=seed, pods=pods, records=rnd.random() < 0.5, pod_order=rnd.choice(POD_ORDERS),
-                resource_order=rnd.choice(RESOURCE_ORDERS), start=rnd.choice(START_MODES), rnd=rnd)
+                resource_order=rnd.choice(RESOURCE_ORDERS), start=rnd.choice(START_MODES),
+                preferred=rnd.random() >= NO_PREFERENCE_SHARE, rnd=rnd)
 
 
 async def run_case(node: SimNode, case: Case, totals: Totals) -> None:
     """Create, admit, start, check, then delete every pod of the case (the node is empty again afterwards)."""
     unit = node.agent.state.memory_unit_mib if node.agent and node.agent.state else 256
+    node.kubelet.use_preferred = case.preferred
     queue = [_create(node, case, p, retry=0) for p in _with_records(node, case)]
     await _seen(node, queue)
     order = list(range(len(queue)))
@@ -118,6 +124,8 @@ async def _failed(node: SimNode, case: Case, live: Live, e: AdmissionError, tota
     await node.delete_pod(live.name)
     unsafe = "refusing rather than starting a pod that could not fit" in e.message
     totals.refusals += unsafe
+    if unsafe:
+        totals.refusal_lines.append(f"seed {case.seed}: {live.name} {live.plan}")
     if not live.fits or e.reason.startswith("OutOf"):  # the kubelet's own count of free devices said no
         totals.unfit += 1
         return []
@@ -125,6 +133,11 @@ async def _failed(node: SimNode, case: Case, live: Live, e: AdmissionError, tota
         again = _create(node, case, live.plan, retry=live.retry + 1)
         await _seen(node, [again])
         return [again]
+    if not case.preferred and "PreStartContainer" not in e.message:
+        # a kubelet that ignores the agent's preferred cards may never offer cards where the pod can go; refused
+        # at Allocate, it never ran with a wrong share (counted, not a stranded pod)
+        totals.misplaced += 1
+        return []
     totals.stranded += 1
     totals.stranded_cases.append(f"seed {case.seed}: {live.name} {live.plan}: {e.message[:300]}")
     return []
@@ -222,8 +235,9 @@ def _fits(node: SimNode, plan: PodPlan, running: Iterable[Live], unit: int) -> b
         try:
             truth.assign(Allocation(str(live.pod["metadata"]["uid"]), cards, need[0],
                                     need[1] * unit if need[0] < 100 else 0))
-        except LedgerError:  # admitted where it cannot run: its start fails (and counts as stranded if it fitted)
-            continue
+        except LedgerError:  # admitted where it cannot run: until its start fails, the kubelet counts its cores
+            with contextlib.suppress(LedgerError):
+                truth.assign(Allocation(str(live.pod["metadata"]["uid"]), cards, need[0], 0))
     for i, reasons in (node.agent.state.health_reasons.items() if node.agent and node.agent.state else []):
         truth.set_healthy(i, not reasons)
     need = plan.app if plan.init is None else (max(plan.app[0], plan.init[0]), max(plan.app[1], plan.init[1]))
@@ -292,6 +306,7 @@ class Case:
     pod_order: str
     resource_order: str
     start: str
+    preferred: bool
     rnd: random.Random
 
 
@@ -312,12 +327,15 @@ class Totals:
     started: int = 0
     unfit: int = 0
     refusals: int = 0
+    misplaced: int = 0
     stranded: int = 0
     violations: int = 0
     stranded_cases: list[str] = field(default_factory=list)
     violation_lines: list[str] = field(default_factory=list)
+    refusal_lines: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         return (f"{self.cases} cases, {self.admissions} admissions: {self.started} started, {self.unfit} did not "
-                f"fit the node, {self.refusals} refused as unsafe (recreated), {self.stranded} stranded, "
+                f"fit the node, {self.refusals} refused as unsafe (recreated), {self.misplaced} never offered a card "
+                f"that fits by a kubelet without preferences, {self.stranded} stranded, "
                 f"{self.violations} invariant violations")

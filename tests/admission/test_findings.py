@@ -14,6 +14,7 @@ import pytest
 
 from gpumgr import binding, podspec
 from gpumgr.deviceplugin import ids as devids
+from gpumgr.kubelet_checkpoint import KubeletCheckpointError, read_kubelet_checkpoint
 from gpumgr.pb import deviceplugin_pb2 as pb
 from gpumgr.pb import deviceplugin_pb2_grpc as pb_grpc
 from gpumgr.vdevice.layout import allocation_key
@@ -36,6 +37,20 @@ def limits_of(admitted, container: str = "main") -> Limits:
 def card_of(node, admitted, container: str = "main") -> int:
     uuid = admitted.container(container).responses[CORE].envs["NVIDIA_VISIBLE_DEVICES"]
     return node.inventory.by_uuid(uuid).index
+
+
+async def devices_written(node) -> None:
+    """Until the kubelet has written the device lists of both plugins to its checkpoint."""
+    want = {CORE: 100 * len(node.inventory.gpus), MEM: sum(g.memory_mib // UNIT for g in node.inventory.gpus)}
+    for _ in range(500):
+        try:
+            got = read_kubelet_checkpoint(node.kubelet.checkpoint_path).registered_devices
+        except KubeletCheckpointError:
+            got = {}
+        if all(len(got.get(r, ())) == n for r, n in want.items()):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the kubelet never wrote the device lists")
 
 
 async def seen(node, *pods) -> None:
@@ -81,6 +96,7 @@ async def test_container_memory_annotation_is_its_own_or_absent(order):
         a = node.create_pod("a-small", [("main", 30, 8)])
         b = node.create_pod("b-large", [("main", 30, 40)])
         await seen(node, a, b)
+        await devices_written(node)  # a kubelet rewriting its checkpoint between the two calls voids the hint
         got = await node.admit(b, order)
         ann = dict(got.container("main").responses[CORE].annotations)
         assert ann.get("tencent.com/vcuda-memory") in (None, str(40 * UNIT << 20))
@@ -237,3 +253,21 @@ async def test_an_admission_that_no_answer_could_make_safe_is_refused_and_counte
         async with aiohttp.ClientSession() as http, http.get(f"{node.agent.http.url}/metric") as r:
             scrape = await r.text()
         assert 'gpumgr_allocation_failures_total{reason="unsafe_guess"} 1.0' in scrape
+
+
+async def test_a_repaired_guess_of_an_init_container_keeps_the_pods_single_reservation():
+    """Two pods whose init containers ask the same cores: the guess for the first init container is repaired at its
+    PreStart; its app container, reusing those devices, must still share the init container's reservation (found
+    by the property run: it was refused as unsafe)."""
+    async with sim_node("a10-4x", memory_mib=8192) as node:  # 32 units per card
+        p0 = node.create_pod("p0", [("main", 30, 3)], init_containers=[("init", 16, 1)])
+        p1 = node.create_pod("p1", [("main", 70, 31)], init_containers=[("init", 16, 2)])
+        await seen(node, p0, p1)
+        got = await node.admit(p1)
+        assert card_of(node, got, "main") == card_of(node, got, "init")
+        assert limits_of(got).devices[0].memory_limit_bytes == 31 * UNIT << 20
+        await node.admit(p0)
+        assert node.agent.service.unsafe_refusals == 0
+        held = sum(a.memory_mib for a in node.agent.state.ledger.allocations.values() if a.meta["pod"] == "p1"
+                   and a.reserve)
+        assert held == 31 * UNIT

@@ -12,22 +12,24 @@ import time
 from tests.admission.scenario import Totals, make_case, run_case
 from tests.e2e.harness import sim_node
 
-CONFIGS = [("gtx1080ti", 4096, 150), ("a10-4x", 8192, 150), ("dgx-a100", 16384, 60)]
+CONFIGS = [("gtx1080ti", 4096, 10_000, 400), ("a10-4x", 8192, 20_000, 400), ("dgx-a100", 16384, 30_000, 150)]
 
 
 async def run(cases_scale: float = 1.0) -> int:
     failed = 0
-    for topo, memory_mib, count in CONFIGS:
+    for topo, memory_mib, first, count in CONFIGS:
         totals = Totals()
         t0 = time.perf_counter()
         async with sim_node(topo, memory_mib=memory_mib) as node:
             card_units = memory_mib // node.agent.state.memory_unit_mib
-            for seed in range(10_000, 10_000 + int(count * cases_scale)):
+            for seed in range(first, first + int(count * cases_scale)):
                 await run_case(node, make_case(seed, len(node.inventory.gpus), card_units), totals)
         took = time.perf_counter() - t0
         print(f"admission property, {topo} ({memory_mib} MiB cards): {totals.summary()}; {took:.1f} s", flush=True)
         for line in (totals.stranded_cases + totals.violation_lines)[:20]:
             print(f"  {line}")
+        for line in totals.refusal_lines[:5]:
+            print(f"  refused as unsafe: {line}")
         failed += totals.stranded + totals.violations
     return failed
 

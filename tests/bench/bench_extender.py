@@ -222,8 +222,10 @@ async def _rounds(url: str, api_url: str, names: list[str], rounds: int, rng: ra
 # -- part 1b: a normal filter while hostile clients attack -----------------------------------------------------
 async def hostile(kubeconfig: Path, names: list[str], rounds: int) -> None:
     """`gpumgr extender` as its own process (so its RSS is its own), a normal filter on every node name timed
-    while other connections send the largest bodies the limit allows, gzip bombs, over-limit bodies, aborted
-    uploads and slow headers, without pause. Prints the normal filter's latency and the extender's peak RSS."""
+    while a hostile client sends, without pause and each on its own connection, the largest bodies the limit
+    allows (node names, JSON objects), gzip bombs, over-limit bodies and aborted uploads, and keeps 50 connections
+    with slow headers open. Prints the normal filter's latency and the extender's peak RSS. The hostile client
+    runs in this process, on the same 2 cores as the extender: its own CPU use slows the extender too."""
     import os
     import socket
     import subprocess
@@ -265,8 +267,7 @@ async def hostile(kubeconfig: Path, names: list[str], rounds: int) -> None:
                 async with own.post(f"{base}/gpumgr/filter", data=normal,
                                     headers={"Content-Type": "application/json"}) as r:
                     await r.read()
-                workers = [asyncio.ensure_future(_attacker(base, kind, body, stop, counts))
-                           for kind, body in attacks for _ in range(2)]
+                workers = [asyncio.ensure_future(_attacker(base, kind, body, stop, counts)) for kind, body in attacks]
                 workers.append(asyncio.ensure_future(_slow_loris(port, stop, counts)))
                 await asyncio.sleep(1.0)
                 for _ in range(rounds):

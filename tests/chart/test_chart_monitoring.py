@@ -214,3 +214,15 @@ def test_promtool_check_can_fail(tmp_path: Path) -> None:
     file.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "sum by (x (y)"}]}]}))
     result = subprocess.run([str(PROMTOOL), "check", "rules", str(file)], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
+
+
+def test_agent_down_alert_follows_name_override() -> None:
+    # the ServiceMonitor's job is app.kubernetes.io/name, which nameOverride changes: the alert must follow it
+    values = {**VARIANTS["prometheus-rule"], **VARIANTS["service-monitor"], "nameOverride": "vgpu"}
+    rendered = render(values)
+    (monitor,) = rendered.all("ServiceMonitor")
+    (service,) = [s for s in rendered.all("Service") if s["metadata"]["name"].endswith("-metrics")]
+    job = service["metadata"]["labels"][monitor["spec"]["jobLabel"]]
+    assert job == "vgpu"
+    (down,) = [r for r in rules(rendered) if r["alert"] == "GPUAgentDown"]
+    assert down["expr"] == 'up{job="vgpu"} == 0'

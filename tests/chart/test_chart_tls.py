@@ -255,3 +255,19 @@ def test_network_policy_in_extender_only_mode_admits_the_given_peers() -> None:
 
 def test_network_policy_can_be_turned_off() -> None:
     assert render({"extender": {"networkPolicy": {"enabled": False}}}).all("NetworkPolicy") == []
+
+
+def _secret_of(deployment: dict[str, Any]) -> str:
+    (secret,) = [v["secret"]["secretName"] for v in deployment["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    return str(secret)
+
+
+def test_cert_manager_renewals_roll_the_extender_and_scheduler_with_reloader() -> None:
+    # the extender and kube-scheduler read their certificates only at start (the webhook reloads its own)
+    rendered = render({"certManager": {"enabled": True, "reloader": True}})
+    for name in (EXTENDER, SCHEDULER):
+        deployment = rendered.get("Deployment", name)
+        assert deployment["metadata"]["annotations"] == {"secret.reloader.stakater.com/reload": _secret_of(deployment)}
+    assert "annotations" not in rendered.get("Deployment", f"{PREFIX}-webhook")["metadata"]
+    for values in ({}, VARIANTS["cert-manager"]):
+        assert "annotations" not in render(values).get("Deployment", EXTENDER)["metadata"]

@@ -35,6 +35,7 @@ def test_webhook_command_follows_the_contract() -> None:
         "tls-cert-file": "/etc/gpumgr-webhook/tls/tls.crt",
         "tls-key-file": "/etc/gpumgr-webhook/tls/tls.key",
         "scheduler-name": "gpumgr-scheduler",
+        "max-cards-per-container": "16",
         "log-level": "info",
     }
     for probe in (c["livenessProbe"], c["readinessProbe"]):
@@ -177,3 +178,11 @@ def test_webhook_can_be_turned_off() -> None:
     rendered = render(VARIANTS["no-webhook"])
     assert rendered.all("MutatingWebhookConfiguration") == []
     assert all("webhook" not in o["metadata"]["name"] for o in rendered.objects)
+
+
+def test_max_cards_per_container_is_passed_and_bounded() -> None:
+    c = container(render({"webhook": {"maxCardsPerContainer": 8}}).get("Deployment", WEBHOOK), "webhook")
+    assert flags(c["args"])["max-cards-per-container"] == "8"
+    for bad in (0, 5000, "16"):
+        with pytest.raises(Exception, match="maxCardsPerContainer"):
+            render({"webhook": {"maxCardsPerContainer": bad}})

@@ -9,6 +9,11 @@ from gpumgr.allocator.ledger import Allocation
 from tests.dra.harness import CARD_MIB, NS, DraNode, share_request
 
 
+def devices(node: DraNode) -> list[dict]:
+    [s] = node.api.store.list_resource("resourceslices")
+    return list(s["spec"]["devices"])
+
+
 def gpu0(node: DraNode) -> dict:
     [s] = node.api.store.list_resource("resourceslices")
     return s["spec"]["devices"][0]["capacity"]
@@ -30,6 +35,8 @@ async def test_device_plugin_pod_and_dra_claim_on_one_card(node: DraNode):
                     meta={"namespace": NS, "pod": "dp-pod", "container": "main", "verified": "true"})
     await node.state.commit(lambda led: led.assign(dp))
     await until(lambda: gpu0(node)["cores"]["value"] == "40")
+    # a range the API server accepts: max is what is left, never above the value
+    assert gpu0(node)["cores"]["requestPolicy"]["validRange"]["max"] == "40"
     assert gpu0(node)["memory"]["value"] == f"{(CARD_MIB - 8192) // 1024}Gi"
     # a 40-core / 8 GiB DRA claim fits beside it on the same card; the node agrees
     node.create_claim("fits", [share_request(memory="8Gi", cores=40)])
@@ -50,6 +57,16 @@ async def test_device_plugin_pod_and_dra_claim_on_one_card(node: DraNode):
     await node.run_pod("dra-c", {"gpu": {"resourceClaimName": "third"}})
     assert node.claim("third")["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
     assert node.state.ledger.card(0).free_cores == 0
+
+
+async def test_a_card_held_whole_by_device_plugin_pods_leaves_the_slice_and_comes_back(node: DraNode):
+    assert node.state is not None
+    dp = Allocation(key="a00000000000000000000dp02", cards=(0,), cores=100, memory_mib=CARD_MIB,
+                    meta={"namespace": NS, "pod": "dp-pod", "container": "main", "verified": "true"})
+    await node.state.commit(lambda led: led.assign(dp))
+    await until(lambda: [d["name"] for d in devices(node)] == ["gpu-1", "gpu-2", "gpu-3"])
+    await node.state.commit(lambda led: led.release(dp.key))
+    await until(lambda: [d["name"] for d in devices(node)] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"])
 
 
 async def test_claim_vdevice_keys_name_the_directories_of_held_claims(node: DraNode):

@@ -62,3 +62,13 @@ async def test_prepared_specs_validate_and_are_removed_at_unprepare(node: DraNod
     assert list(node.cfg.cdi_dir.glob("*.json")) == []
     assert node.layout.keys() == []
     assert node.api.store.get_pod(NS, "a") is None
+
+
+def test_the_runtime_stand_in_refuses_a_spec_with_one_device_name_twice(tmp_path: Path):
+    from gpumgr.sim.kubelet.dra_cdi import CdiResolveError, resolve
+
+    spec = cdi.build_spec(claim_uid="u1", gpus=[(0, 0, "GPU-0"), (0, 0, "GPU-0")], ctl_devices=[], driver_dir="/d",
+                          shim_dir="/s", vdevice_dir=Path("/v"), limited=False, shim_log_level=2, annotations={})
+    (tmp_path / "x.json").write_text(json.dumps(spec))
+    with pytest.raises(CdiResolveError, match="duplicate device name"):
+        resolve([cdi.qualified(cdi.device_name("u1", 0))], [tmp_path])

@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 
 from gpumgr.dra.config import DRIVER_NAME
+from gpumgr.dra.quantity import parse_int
 from gpumgr.dra.slices import build_spec
 from tests.dra.harness import CARD_MIB, NODE, DraNode, device_classes, inventory
 
@@ -150,3 +151,29 @@ async def test_a_health_change_during_a_publish_is_not_lost(node: DraNode):
     await state.set_reason(0, "first", True)
     await until(lambda: "taints" in published(node)[0]["spec"]["devices"][3], timeout=3)
     assert "taints" in published(node)[0]["spec"]["devices"][0]
+
+
+@pytest.mark.parametrize("card_mib", [81559, 23034, 23028, 24564, 16384])
+def test_a_slice_of_real_card_memory_sizes_is_accepted_by_the_api_server(card_mib: int):
+    from dataclasses import replace
+
+    from gpumgr.sim.kubeapi import KubeStore
+
+    inv = inventory(2)
+    inv = replace(inv, gpus=tuple(replace(g, memory_mib=card_mib) for g in inv.gpus))
+    # gpu-1 shares its card with device-plugin pods (`both` mode): 60 cores and 1000 MiB are held there
+    spec = build_spec(inv, NODE, DRIVER_NAME, {}, 256, 1, {1: (60, 1000)})
+    store = KubeStore()
+    store.create_object("resourceslices", {"metadata": {"name": "s"}, "spec": spec})  # 422 raises
+    whole, shared = spec["devices"]
+    mem = whole["capacity"]["memory"]["requestPolicy"]
+    mib = 2**20
+    assert parse_int(whole["capacity"]["memory"]["value"]) == card_mib * mib
+    assert parse_int(mem["validRange"]["max"]) == parse_int(mem["default"]) == card_mib // 256 * 256 * mib
+    assert shared["capacity"]["cores"]["value"] == shared["capacity"]["cores"]["requestPolicy"]["validRange"]["max"] \
+        == "40"
+
+
+def test_a_card_held_whole_elsewhere_is_left_out_of_the_slice():
+    spec = build_spec(inventory(3), NODE, DRIVER_NAME, {}, 256, 1, {0: (100, 4096), 2: (10, CARD_MIB - 256)})
+    assert [d["name"] for d in spec["devices"]] == ["gpu-1"]

@@ -39,3 +39,24 @@ async def test_health_stream_follows_the_cards(node: DraNode):
         third = await asyncio.wait_for(stream.read(), 5)
         assert [d.health for d in third.devices] == [hpb.HEALTHY] * 4
         stream.cancel()
+
+
+async def test_health_stream_repeats_the_full_list_with_the_current_time(node: DraNode, monkeypatch):
+    from gpumgr.dra import plugin
+
+    assert node.fe is not None
+    now = [1_000_000]
+    monkeypatch.setattr(plugin, "HEALTH_PERIOD_S", 0.05)
+    monkeypatch.setattr(node.fe.health, "clock", lambda: now[0])
+    async with grpc.aio.insecure_channel(f"unix://{node.cfg.socket}") as ch:
+        stream = hpb_grpc.DRAResourceHealthStub(ch).NodeWatchResources(hpb.NodeWatchResourcesRequest())
+        first = await asyncio.wait_for(stream.read(), 5)
+        assert {d.last_updated_time for d in first.devices} == {1_000_000}
+        now[0] = 1_000_045  # nothing changes; the kubelet still hears from us, stamped now
+        later = await asyncio.wait_for(stream.read(), 5)
+        while later.devices[0].last_updated_time != 1_000_045:
+            later = await asyncio.wait_for(stream.read(), 5)
+        assert len(later.devices) == 4 and {d.last_updated_time for d in later.devices} == {1_000_045}
+        assert {d.health for d in later.devices} == {hpb.HEALTHY}
+        assert all(d.health_check_timeout_seconds > 45 for d in later.devices)
+        stream.cancel()

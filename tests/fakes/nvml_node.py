@@ -10,7 +10,7 @@ from gpumgr.devices import fake_nvml_node
 from gpumgr.devices.fake_nvml_node import ENV, FakeNvmlNode, sysfs_bus
 
 LIBNVML_DIR = fake_nvml_node.LIBRARY_DIR
-VARIANTS = ("current", "no-procs-v3", "no-wait-v2", "no-remote-type", "old")
+VARIANTS = ("current", "no-procs-v3", "no-wait-v2", "no-remote-type", "old", "no-event-types")
 
 __all__ = ["ENV", "LIBNVML_DIR", "VARIANTS", "FakeNvmlNode", "build", "library", "sysfs_bus"]
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from gpumgr.cgroups import CgroupReader
 from gpumgr.metrics import UsageReader, build_app, start_http
 from gpumgr.metrics.shim_status import MAX_BYTES, ShimStatusReader
@@ -89,3 +91,34 @@ async def test_hostile_status_files_give_nothing(tmp_path):
     assert absent(s, NAME, pod_name="evil")
     assert usage["holders"][0]["compute_modes"] == {}
     assert value(s, "gpumgr_container_processes", pod_name="evil") == 1
+
+
+async def test_an_absolute_symlink_inside_the_container_root_is_not_followed_out_of_it(tmp_path):
+    # /proc/<pid>/root/dev -> /elsewhere: an absolute link resolves against the agent's root, not the container's,
+    # so the agent would read a file the container does not own. No symlink is followed at any step.
+    node = SimNode(tmp_path)
+    proc = tmp_path / "proc"
+    await node.place("evil", "main", (0,), cores=50, memory_mib=4096, pids=[401, 402])
+    uuid0 = node.inv.gpus[0].uuid
+    outside = tmp_path / "agent-root" / "dev"
+    (outside / "shm").mkdir(parents=True)
+    (outside / "shm" / "vcuda-v2-1-1.status").write_text(status("", [(0, uuid0, "unthrottled")]))
+    root401 = proc / "401" / "root"
+    root401.mkdir(parents=True)
+    (root401 / "dev").symlink_to(outside)  # link at `dev`
+    root402 = proc / "402" / "root" / "dev"
+    root402.mkdir(parents=True)
+    (root402 / "shm").symlink_to(outside / "shm")  # link at `dev/shm`
+
+    s, usage = await scrape_with(node, proc)
+
+    assert absent(s, NAME, pod_name="evil")
+    assert usage["holders"][0]["compute_modes"] == {}
+
+
+def test_the_shared_dir_is_found_when_every_step_is_a_real_directory(tmp_path):
+    proc = tmp_path / "proc"
+    shm_of(proc, 7).joinpath("vcuda-v2-1-1.status").write_text(status("", [(0, "GPU-12345678-aaaa", "device")]))
+    assert ShimStatusReader(proc).modes([7], "") == {"GPU-12345678-aaaa": "device"}
+    with pytest.raises(ValueError, match="shared_dir"):
+        ShimStatusReader(proc, shared_dir="dev/../dev/shm")

@@ -108,3 +108,26 @@ def test_an_event_between_discovery_and_the_first_wait_is_not_lost(make_backend:
     node.xid(1, 79)
     backend.status(0)  # NVML takes the XID in now, before anyone waits for events
     assert [(e.index, e.kind, e.code) for e in events(backend)] == [(1, "xid", 79)]
+
+
+@pytest.mark.parametrize("variant", ["current", "old", "no-event-types"])
+def test_xid_on_a_card_without_ecc_arrives(make_backend: MakeBackend, variant: str):
+    # NVML refuses a registration naming an event type the card lacks (ECC off: no double-bit ECC events)
+    backend, node = make_backend(small_node(), variant, no_ecc=(1,))
+    backend.wait_events(0.05)
+    node.xid(1, 31)
+    node.double_bit_ecc(2)
+    got = events(backend, 2)
+    assert [(e.index, e.kind) for e in got] == [(1, "xid"), (2, "ecc")]
+    assert backend.status(1).ecc_uncorrected is None and backend.status(2).ecc_uncorrected == 1
+
+
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
+def test_process_memory_not_available_reads_as_unknown(make_backend: MakeBackend, variant: str):
+    # NVML_VALUE_NOT_AVAILABLE (all ones) in usedGpuMemory: old drivers, and some processes on any driver
+    backend, node = make_backend(small_node(), variant)
+    node.process(0, 4242, 2**64 - 1, 20)
+    node.process(0, 4343, 5 << 20, 10)
+    st = backend.status(0)
+    assert sorted((p.pid, p.used_memory_bytes) for p in st.processes) == [(4242, 0), (4343, 5 << 20)]
+    assert st.used_memory_bytes == 5 << 20

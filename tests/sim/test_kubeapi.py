@@ -816,3 +816,55 @@ def test_resource_claims_watch(api, tmp_path):
         if len(seen) == 2:
             w.stop()
     assert seen == [("ADDED", "w1"), ("MODIFIED", "w1")]
+
+
+def a_capacity_slice(value: str, policy: dict[str, Any]) -> dict[str, Any]:
+    body = a_slice("cap", "n1")
+    body["spec"]["devices"][0]["capacity"] = {"memory": {"value": value, "requestPolicy": policy}}
+    return body
+
+
+def mem_range(default: str, low: str, high: str, step: str) -> dict[str, Any]:
+    return {"default": default, "validRange": {"min": low, "max": high, "step": step}}
+
+
+@pytest.mark.parametrize("value, policy, field", [
+    # an H100 reports 81559 MiB: not a multiple of a 256 MiB step
+    ("81559Mi", mem_range("81559Mi", "256Mi", "81559Mi", "256Mi"), "validRange.max"),
+    ("81559Mi", mem_range("81559Mi", "256Mi", "81408Mi", "256Mi"), "default"),
+    # max above what is left (cores in `both` mode)
+    ("40", {"default": "40", "validRange": {"min": "1", "max": "100", "step": "1"}}, "validRange.max"),
+    # a card held whole: nothing left, min above value
+    ("0", {"default": "0", "validRange": {"min": "1", "max": "0", "step": "1"}}, "validRange.min"),
+    ("1", {"default": "1", "validRange": {"min": "1", "max": "1", "step": "1"}}, "validRange.step"),
+    ("4Gi", {"validRange": {"min": "1Gi", "max": "4Gi", "step": "1Gi"}}, "default"),
+    ("4Gi", {"default": "3Gi", "validValues": ["1Gi", "2Gi"]}, "default"),
+    ("4Gi", {"default": "1Gi", "validValues": ["2Gi", "1Gi"]}, "validValues"),
+    ("lots", None, "value"),
+])
+def test_resource_slice_capacity_policies_are_checked_as_the_api_server_does(api, value, policy, field):
+    body = a_capacity_slice(value, policy)
+    code, doc = raw(api, "POST", "/apis/resource.k8s.io/v1/resourceslices", json.dumps(body).encode())
+    assert code == 422, doc
+    assert "spec.devices[0].capacity[memory]" in doc["message"] and field in doc["message"]
+    assert api.store.list_resource("resourceslices") == []
+
+
+def test_a_valid_capacity_policy_is_accepted_and_a_bad_replace_changes_nothing(api, tmp_path):
+    rapi = resource_api(api, tmp_path)
+    created = rapi.create_resource_slice(a_capacity_slice("81559Mi", mem_range("81408Mi", "256Mi", "81408Mi",
+                                                                                "256Mi")))
+    body = rapi.api_client.sanitize_for_serialization(created)
+    body["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["validRange"]["max"] = "81559Mi"
+    with pytest.raises(ApiException) as e:
+        rapi.replace_resource_slice("cap", body)
+    assert e.value.status == 422 and "multiple of step" in e.value.body
+    [kept] = api.store.list_resource("resourceslices")
+    assert kept["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["validRange"]["max"] == "81408Mi"
+
+
+def test_a_request_policy_needs_a_device_that_allows_multiple_allocations(api):
+    body = a_capacity_slice("4Gi", mem_range("4Gi", "1Gi", "4Gi", "1Gi"))
+    body["spec"]["devices"][0]["allowMultipleAllocations"] = False
+    code, doc = raw(api, "POST", "/apis/resource.k8s.io/v1/resourceslices", json.dumps(body).encode())
+    assert code == 422 and "allowMultipleAllocations" in doc["message"]

@@ -649,3 +649,17 @@ async def test_admitted_without_start_calls_prestart_only_when_started(
     with pytest.raises(AdmissionError) as err:
         await emulator.start_pod(third)
     assert err.value.reason == "PreStartContainerError" and err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_a_kubelet_without_preferred_allocation_takes_the_sorted_free_set(
+    emulator: KubeletEmulator, plugins: PluginHarness
+):
+    core, _ = await two_plugins(plugins, emulator)
+    core.prefer = lambda req: list(req.available_deviceIDs)[-2:]
+    emulator.use_preferred = False
+    got = await emulator.admit_pod("p", [ContainerRequest("a", {CORE: 2})])
+    assert plugins.names("vcore.sock", "GetPreferredAllocation") == []
+    assert list(got.container("a").device_ids[CORE]) == ["core-00", "core-01"]
+    emulator.use_preferred = True
+    got = await emulator.admit_pod("q", [ContainerRequest("a", {CORE: 2})])
+    assert list(got.container("a").device_ids[CORE]) == ["core-06", "core-07"]

@@ -110,3 +110,33 @@ def test_insecure_http_serves_plain_http_with_a_warning() -> None:
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "WARNING" in err and "--insecure-http" in err
+
+
+def test_refuses_bad_limits(certs: Pair) -> None:
+    tls = ["--tls-cert-file", str(certs.cert), "--tls-key-file", str(certs.key)]
+    for flag, value in (("--max-cards-per-container", "0"), ("--max-cards-per-container", "1.5"),
+                        ("--header-timeout", "-1"), ("--header-timeout", "nan"), ("--max-connections", "lots")):
+        assert flag in _fails([*tls, flag, value]), (flag, value)
+
+
+def test_max_cards_per_container_is_applied() -> None:
+    port = _free_port()
+    proc = subprocess.Popen([*GPUMGR, "--insecure-http", "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(GPUMGR_MAX_CARDS_PER_CONTAINER="2"))
+    try:
+        deadline = time.monotonic() + 30
+        body = json.dumps(review(pod(container("t", limits={CORE: "300"})))).encode()
+        while True:
+            try:
+                req = urllib.request.Request(f"http://127.0.0.1:{port}/mutate", data=body,
+                                             headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    resp = json.load(r)["response"]
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+                time.sleep(0.1)
+        assert resp["allowed"] is False and "at most 2 whole cards" in resp["status"]["message"]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)

@@ -55,3 +55,26 @@ async def test_whole_cards_and_shares_that_can_run_are_allowed(webhook: Webhook)
 async def test_too_many_containers(webhook: Webhook) -> None:
     p = pod(*[container(f"c{i}") for i in range(300)])
     assert "more than 256 containers" in await _refused(webhook, p)
+
+
+@pytest.mark.parametrize("cores", ["9000000000000000000", "1700", "100k"])
+async def test_more_whole_cards_than_the_cap_are_refused(webhook: Webhook, cores: str) -> None:
+    msg = await _refused(webhook, pod(container("huge", limits={CORE: cores})))
+    assert "'huge'" in msg and "at most 16 whole cards" in msg and "--max-cards-per-container" in msg
+
+
+async def test_the_card_cap_is_configurable(certs: Any) -> None:
+    from gpumgr.webhook.server import WebhookServer
+
+    server = WebhookServer("gpumgr-scheduler", None, max_cards=2)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as http:
+            hook = Webhook(server, f"http://127.0.0.1:{port}", http)
+            assert (await hook.review(review(pod(container("two", limits={CORE: "200"})))))["allowed"] is True
+            msg = await _refused(hook, pod(container("three", limits={CORE: "300"})))
+            assert "asks 3 whole cards" in msg and "at most 2" in msg
+    finally:
+        await server.stop()

@@ -129,6 +129,8 @@ API CUresult cuInit(unsigned int flags)
     parse_visible();
     fg_lock(F.s);
     F.slot = fg_proc_slot(F.s, getpid());
+    if (F.slot >= 0)
+        F.s->proc[F.slot].nvml_pid = fg_host_pid();
     fg_unlock(F.s);
     if (F.slot < 0 || !F.ring) {
         pthread_mutex_unlock(&F.mu);

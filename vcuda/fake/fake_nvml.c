@@ -24,6 +24,7 @@ static struct {
     struct nvdev devs[FG_MAX_DEV];
     int no_proc_util; /* FAKEGPU_NVML_PROC_UTIL=unsupported: per-process utilisation NOT_SUPPORTED */
     int no_dev_util;  /* FAKEGPU_NVML_DEV_UTIL=unsupported: device utilisation NOT_SUPPORTED */
+    int no_handles;   /* FAKEGPU_NVML_HANDLES=unsupported: this process's NVML finds no device by UUID */
 } N = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static int unsupported(const char *name)
@@ -45,6 +46,7 @@ static nvmlReturn_t init(void)
         N.devs[i].index = i;
     N.no_proc_util = unsupported("FAKEGPU_NVML_PROC_UTIL");
     N.no_dev_util = unsupported("FAKEGPU_NVML_DEV_UTIL");
+    N.no_handles = unsupported("FAKEGPU_NVML_HANDLES");
     N.refs++;
     pthread_mutex_unlock(&N.mu);
     return NVML_SUCCESS;
@@ -135,6 +137,8 @@ API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
     NEED_INIT();
     if (!uuid || !d)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (N.no_handles)
+        return NVML_ERROR_NOT_FOUND;
     for (int i = 0; i < N.s->ndev; i++) {
         if (strcmp(N.s->dev[i].uuid, uuid) == 0) {
             *d = (nvmlDevice_t)&N.devs[i];
@@ -225,7 +229,7 @@ static nvmlReturn_t running(nvmlDevice_t d, unsigned int *count, void *infos, si
             char *slot = (char *)infos + n * stride;
             memset(slot, 0, stride);
             nvmlProcessInfo_v1_t *x = (nvmlProcessInfo_v1_t *)slot;
-            x->pid = (unsigned int)pr->pid;
+            x->pid = (unsigned int)(pr->nvml_pid ? pr->nvml_pid : pr->pid);
             x->usedGpuMemory = pr->mem[i];
         }
         n++;
@@ -285,7 +289,7 @@ API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtil
                 continue;
             if (out && n < cap) {
                 uint64_t span = (uint64_t)(done - first) * P;
-                out[n].pid = (unsigned int)s->proc[p].pid;
+                out[n].pid = (unsigned int)(s->proc[p].nvml_pid ? s->proc[p].nvml_pid : s->proc[p].pid);
                 out[n].timeStamp = (uint64_t)done * P / 1000;
                 out[n].smUtil = (unsigned int)((sum[p] * 100 + span / 2) / span);
                 out[n].memUtil = 0;

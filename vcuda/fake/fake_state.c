@@ -128,9 +128,25 @@ void fg_unlock(struct fg_shared *s)
     pthread_mutex_unlock(&s->lock);
 }
 
+/* Threads of a process ("Threads:" in /proc/<pid>/status), 0 if unreadable. */
+static int fg_threads(int pid)
+{
+    char path[48], buf[2048];
+    snprintf(path, sizeof(path), "/proc/%d/status", pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *t = strstr(buf, "\nThreads:");
+    return t ? atoi(t + 9) : 0;
+}
+
 /* A process the driver has let go: gone, or exited and waiting to be reaped
  * (a real driver frees a process's memory when it exits, before its parent
- * reaps it). */
+ * reaps it). A process whose main thread alone has ended also shows Z in
+ * /proc/<pid>/stat, but its other threads still run and hold their memory. */
 static int fg_gone(int pid)
 {
     if (kill(pid, 0) != 0 && errno == ESRCH)
@@ -144,7 +160,22 @@ static int fg_gone(int pid)
     fclose(f);
     buf[n] = 0;
     const char *close_paren = strrchr(buf, ')');
-    return close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+    int exited = close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+    return exited && fg_threads(pid) <= 1;
+}
+
+int fg_host_pid(void)
+{
+    char buf[2048];
+    FILE *f = fopen("/proc/self/status", "re");
+    if (!f)
+        return getpid();
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *t = strstr(buf, "\nNSpid:");
+    int pid = t ? atoi(t + 7) : 0;
+    return pid > 0 ? pid : getpid();
 }
 
 int fg_proc_slot(struct fg_shared *s, int pid)

@@ -32,8 +32,8 @@ struct fg_dev {
 };
 
 struct fg_proc {
-    int32_t pid;
-    int32_t pad;
+    int32_t pid;      /* as the process sees itself */
+    int32_t nvml_pid; /* as NVML reports it: the pid in the outermost namespace /proc shows (0 = pid) */
     uint64_t mem[FG_MAX_DEV];       /* bytes this process holds, contexts included */
     uint64_t last_end[FG_MAX_DEV];  /* when this process's queued work ends */
 };
@@ -59,6 +59,9 @@ void fg_lock(struct fg_shared *s);
 void fg_unlock(struct fg_shared *s);
 uint64_t fg_now_ns(void);
 int fg_proc_slot(struct fg_shared *s, int pid); /* caller holds the lock */
+/* This process's pid as a real driver would report it: the first NSpid entry
+ * of /proc/self/status (the host pid when /proc is the host's), else getpid(). */
+int fg_host_pid(void);
 /* Put `dur` ns of work for process slot `p` on device `d`'s timeline; returns its end. */
 uint64_t fg_schedule(struct fg_shared *s, int d, int p, uint64_t dur);
 uint64_t fg_busy_ns(struct fg_shared *s, int d, int p, uint64_t t0, uint64_t t1);

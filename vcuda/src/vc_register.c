@@ -4,6 +4,8 @@
 #include <ctype.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "vc_h2.h"
 
@@ -179,8 +181,9 @@ int vc_register(const char *socket_path, int timeout_ms, const struct vc_registe
         else
             snprintf(err, errlen, "%s refused registration: gRPC status %d: %s", socket_path, res.grpc_status,
                      res.grpc_message);
+        int busy = res.grpc_status == 8 || res.grpc_status == 14; /* RESOURCE_EXHAUSTED, UNAVAILABLE */
         vc_h2_result_free(&res);
-        return -1;
+        return busy ? -2 : -1;
     }
     int rc = vc_register_decode(res.message ? res.message : (const uint8_t *)"", res.message_len, out, why,
                                 sizeof(why));
@@ -191,6 +194,37 @@ int vc_register(const char *socket_path, int timeout_ms, const struct vc_registe
     }
     snprintf(out->source, sizeof(out->source), "vDevice server %s", socket_path);
     return 0;
+}
+
+static long long mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int vc_register_retrying(const char *socket_path, int timeout_ms, const struct vc_register_req *req,
+                         struct vc_limits *out, char *err, size_t errlen)
+{
+    long long deadline = mono_ms() + timeout_ms;
+    unsigned seed = (unsigned)getpid() * 2654435761u;
+    int backoff = 20;
+    for (int attempt = 1;; attempt++) {
+        long long left = deadline - mono_ms();
+        int rc = vc_register(socket_path, left > 1 ? (int)left : 1, req, out, err, errlen);
+        if (rc != -2)
+            return rc == 0 ? 0 : -1;
+        seed = seed * 1103515245u + 12345u;
+        int wait = backoff / 2 + (int)(seed >> 16) % (backoff / 2 + 1); /* spread out ranks that start together */
+        if (mono_ms() + wait >= deadline) {
+            size_t n = strlen(err);
+            snprintf(err + n, errlen - n, " (asked %d times in %d ms)", attempt, timeout_ms);
+            return -1;
+        }
+        struct timespec ts = {wait / 1000, (long)(wait % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        backoff = backoff < 320 ? backoff * 2 : 320;
+    }
 }
 
 /* The last run of exactly 64 hex digits in s (container ids in cgroup paths:

@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "vc_live.h"
 #include "vc_log.h"
 
 static int my_slot = -1;
@@ -23,52 +23,19 @@ const char *vc_shm_path(void)
     return shm_path;
 }
 
-/* State (field 3) and start time (field 22) of a process; 0 if unreadable. */
-static uint64_t proc_stat(int pid, char *state)
+static int slot_is_dead(const struct vc_shm *s, int i)
 {
-    *state = 0;
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = 0;
-    /* Field 22 (starttime); the command name (field 2) may contain spaces. */
-    char *p = strrchr(buf, ')');
-    if (!p)
-        return 0;
-    if (p[1] == ' ' && p[2])
-        *state = p[2];
-    int field = 2;
-    for (p++; *p && field < 22; p++)
-        if (*p == ' ')
-            field++;
-    return strtoull(p, NULL, 10);
-}
-
-static uint64_t proc_start_time(int pid)
-{
-    char state;
-    return proc_stat(pid, &state);
-}
-
-/* Gone, a zombie (killed or exited but not reaped: the driver has already
- * freed its memory), or its pid now belongs to another process. */
-static int slot_is_dead(const struct vc_slot *sl)
-{
+    const struct vc_slot *sl = &s->slots[i];
     if (sl->pid == 0)
         return 0;
-    if (kill(sl->pid, 0) != 0 && errno == ESRCH)
-        return 1;
-    char state;
-    uint64_t st = proc_stat(sl->pid, &state);
-    if (state == 'Z' || state == 'X' || state == 'x')
-        return 1;
-    return st != 0 && sl->start_time != 0 && st != sl->start_time;
+    if (i == my_slot && sl->pid == my_pid)
+        return 0; /* this process (its own lock never conflicts with itself) */
+    if (sl->locked) {
+        int held = vc_live_held(i);
+        if (held >= 0)
+            return !held;
+    }
+    return vc_live_pid_dead(sl->pid, sl->start_time);
 }
 
 static void recompute(struct vc_shm *s)
@@ -176,36 +143,57 @@ struct vc_shm *vc_shm_attach(const char *shared_dir, const char *key_path_a, con
         s->size != sizeof(*s))
         init_region(s); /* new file, or left half-made by a process that died under the flock */
     flock(fd, LOCK_UN);
-    close(fd);
+    vc_live_adopt(fd, path);
     snprintf(shm_path, sizeof(shm_path), "%s", path);
     VC_DEBUG("shared state %s", path);
     return s;
 }
 
+/* A free slot this process can lock (a free slot whose lock someone still
+ * holds, e.g. a forked child that has not let go of its parent's file yet, is
+ * skipped); -1 if none. Sets *locked. Called with the lock held. */
+static int free_slot(struct vc_shm *s, int *locked)
+{
+    int fallback = -1;
+    for (int i = 0; i < VC_MAX_SLOTS; i++) {
+        if (s->slots[i].pid != 0)
+            continue;
+        if (vc_live_take(i) == 0) {
+            *locked = 1;
+            return i;
+        }
+        if (fallback < 0 && vc_live_held(i) != 1)
+            fallback = i; /* the file cannot be locked at all: liveness by pid */
+    }
+    *locked = 0;
+    return fallback;
+}
+
 void vc_shm_claim(struct vc_shm *s, int host_pid)
 {
     int pid = getpid();
-    uint64_t st = proc_start_time(pid);
+    uint64_t st = vc_live_start_time(pid);
     lock(s);
-    int found = -1;
-    for (int i = 0; i < VC_MAX_SLOTS && found < 0; i++)
-        if (s->slots[i].pid == 0)
-            found = i;
+    int locked = 0;
+    int found = free_slot(s, &locked);
     if (found < 0) {
+        int changed = 0;
         for (int i = 0; i < VC_MAX_SLOTS; i++) {
-            if (slot_is_dead(&s->slots[i])) {
+            if (slot_is_dead(s, i)) {
                 memset(&s->slots[i], 0, sizeof(s->slots[i]));
-                if (found < 0)
-                    found = i;
+                changed = 1;
             }
         }
-        recompute(s);
+        if (changed)
+            recompute(s);
+        found = free_slot(s, &locked);
     }
     if (found >= 0) {
         struct vc_slot *sl = &s->slots[found];
         memset(sl, 0, sizeof(*sl));
         sl->pid = pid;
-        sl->host_pid = host_pid ? host_pid : pid;
+        sl->host_pid = host_pid;
+        sl->locked = (uint32_t)locked;
         sl->start_time = st;
     }
     unlock(s);
@@ -222,10 +210,11 @@ void vc_shm_claim_if_needed(struct vc_shm *s, int host_pid)
         vc_shm_claim(s, host_pid);
 }
 
-void vc_shm_forget_slot(void)
+void vc_shm_forget_slot(struct vc_shm *s)
 {
     my_slot = -1;
     my_pid = 0;
+    vc_live_after_fork(s, sizeof(*s));
 }
 
 void vc_shm_release_slot(struct vc_shm *s)
@@ -235,6 +224,8 @@ void vc_shm_release_slot(struct vc_shm *s)
     lock(s);
     struct vc_slot *sl = &s->slots[my_slot];
     if (sl->pid == my_pid) {
+        if (sl->locked)
+            vc_live_drop(my_slot);
         memset(sl, 0, sizeof(*sl));
         recompute(s);
     }
@@ -254,7 +245,7 @@ static void sweep_locked(struct vc_shm *s)
 {
     int changed = 0;
     for (int i = 0; i < VC_MAX_SLOTS; i++) {
-        if (slot_is_dead(&s->slots[i])) {
+        if (slot_is_dead(s, i)) {
             VC_INFO("process %d is gone; giving back its memory", s->slots[i].pid);
             memset(&s->slots[i], 0, sizeof(s->slots[i]));
             changed = 1;
@@ -326,6 +317,7 @@ void vc_shm_set_overhead(struct vc_shm *s, int d, uint64_t bytes)
 void vc_shm_sweep(struct vc_shm *s)
 {
     lock(s);
+    vc_live_check_fd();
     sweep_locked(s);
     unlock(s);
 }
@@ -339,4 +331,31 @@ int vc_shm_host_pids(struct vc_shm *s, int *out, int cap)
             out[n++] = hp;
     }
     return n;
+}
+
+int vc_shm_any_unknown_pid(struct vc_shm *s)
+{
+    for (int i = 0; i < VC_MAX_SLOTS; i++)
+        if (__atomic_load_n(&s->slots[i].pid, __ATOMIC_RELAXED) != 0 &&
+            __atomic_load_n(&s->slots[i].host_pid, __ATOMIC_RELAXED) == 0)
+            return 1;
+    return 0;
+}
+
+void vc_shm_set_nvml(struct vc_shm *s, uint32_t mask)
+{
+    lock(s);
+    struct vc_slot *sl = mine(s);
+    if (sl)
+        sl->nvml_mask = mask;
+    unlock(s);
+}
+
+int vc_shm_nvml_anyone(struct vc_shm *s, int d)
+{
+    for (int i = 0; i < VC_MAX_SLOTS; i++)
+        if (__atomic_load_n(&s->slots[i].pid, __ATOMIC_RELAXED) != 0 &&
+            (__atomic_load_n(&s->slots[i].nvml_mask, __ATOMIC_RELAXED) & (1u << d)))
+            return 1;
+    return 0;
 }

@@ -1,7 +1,10 @@
 /* The state every process of one container shares: memory in use per device
  * (reserved atomically under a robust process-shared mutex that a dying
  * process cannot leave held), one slot per process (so a dead process's
- * memory is given back), and the compute limiter's token buckets. */
+ * memory is given back), and the compute limiter's token buckets.
+ *
+ * A slot is alive while its process holds a lock on the slot's byte of the
+ * shared file (vc_live.h), whatever PID namespace it is in. */
 #ifndef VC_SHM_H
 #define VC_SHM_H
 
@@ -12,12 +15,14 @@
 #include "vc_common.h"
 
 #define VC_SHM_MAGIC 0x44554356u /* "VCUD" */
-#define VC_SHM_VERSION 2u
+#define VC_SHM_VERSION 3u
 #define VC_MAX_SLOTS 256
 
 struct vc_slot {
-    int32_t pid;      /* 0 = free */
-    int32_t host_pid; /* pid as the host (NVML) sees it */
+    int32_t pid;      /* 0 = free; as the process itself sees it (its PID namespace) */
+    int32_t host_pid; /* pid as the host (NVML) sees it, 0 = unknown */
+    uint32_t locked;  /* 1: alive while its byte of the file is locked; 0: by pid and start time */
+    uint32_t nvml_mask; /* bit d: this process has an NVML handle for device slot d (can measure it) */
     uint64_t start_time;
     uint64_t used[VC_MAX_DEV];
     uint64_t overhead[VC_MAX_DEV]; /* contexts, modules: NVML usage beyond what the shim counted */
@@ -33,6 +38,8 @@ struct vc_throttle {
     _Atomic uint32_t mode;                /* how utilisation is measured: enum vc_measure */
     _Atomic uint32_t warned;              /* warnings given by the container: 1 not enforced, 2 device measure */
     _Atomic uint32_t ramping;             /* climbing fast: step as soon as NVML has a new sample */
+    _Atomic uint32_t none_local;          /* mode NONE only because no process of the container had NVML */
+    _Atomic uint32_t blind;               /* steps in a row NVML saw none of our use while we waited and the card was busy */
     _Atomic uint64_t unit_x1e12;          /* device mode: card share per (cost unit/s), x1e12; 0 = unknown */
     _Atomic uint64_t last_new_ns;         /* when NVML last had new per-process samples */
     _Atomic uint64_t sample_gap_ns;       /* how often it has them (smoothed); 0 = not known yet */
@@ -76,8 +83,9 @@ struct vc_shm *vc_shm_attach(const char *shared_dir, const char *key_path_a, con
 void vc_shm_claim(struct vc_shm *s, int host_pid);
 /* Claim a slot unless this process already has one. */
 void vc_shm_claim_if_needed(struct vc_shm *s, int host_pid);
-/* Forget this process's slot (after fork, in the child). */
-void vc_shm_forget_slot(void);
+/* Forget this process's slot (after fork, in the child), and let go of the
+ * parent's file description (the child locks its own slot). */
+void vc_shm_forget_slot(struct vc_shm *s);
 /* Give back this process's slot and its usage (normal exit). */
 void vc_shm_release_slot(struct vc_shm *s);
 
@@ -95,7 +103,14 @@ uint64_t vc_shm_own_used(struct vc_shm *s, int d);
 void vc_shm_sweep(struct vc_shm *s);
 /* Path of the shared file ("" for a private region). */
 const char *vc_shm_path(void);
-/* Host pids of the live processes of the container (up to cap). */
+/* Host pids of the live processes of the container (up to cap); processes
+ * whose host pid is unknown are not listed. */
 int vc_shm_host_pids(struct vc_shm *s, int *out, int cap);
+/* Record which device slots this process can measure (bit d = slot d). */
+void vc_shm_set_nvml(struct vc_shm *s, uint32_t mask);
+/* Can any process of the container (not yet swept) measure device slot d? */
+int vc_shm_nvml_anyone(struct vc_shm *s, int d);
+/* Does a live process of the container have an unknown host pid? */
+int vc_shm_any_unknown_pid(struct vc_shm *s);
 
 #endif

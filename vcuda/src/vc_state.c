@@ -30,7 +30,8 @@ static void after_fork_child(void)
 {
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     memcpy(&dev_mu, &fresh, sizeof(dev_mu));
-    vc_shm_forget_slot();
+    if (vc.shm)
+        vc_shm_forget_slot(vc.shm);
     vc_table_reset();
     vc_throttle_after_fork();
     int ready = VC_PHASE_READY;
@@ -53,6 +54,16 @@ static void describe(const struct vc_limits *l)
                 (unsigned long long)l->dev[i].memory_limit);
 }
 
+/* getpid() when it is the pid NVML reports (this process is in the host's,
+ * the initial, PID namespace: its fixed inode PROC_PID_INIT_INO), else 0. */
+static int own_pid_if_host(void)
+{
+    struct stat st;
+    if (stat("/proc/self/ns/pid", &st) == 0 && st.st_ino == 0xEFFFFFFCu)
+        return getpid();
+    return 0;
+}
+
 static void load_limits(void)
 {
     const struct vc_settings *s = vc_settings();
@@ -65,7 +76,8 @@ static void load_limits(void)
     struct vc_register_req req = {.container_id = id, .pid = getpid()};
     char sock_err[512] = "", file_err[512] = "";
     struct vc_limits l;
-    int ok = vc_register(s->socket_path, REGISTER_TIMEOUT_MS, &req, &l, sock_err, sizeof(sock_err)) == 0;
+    int ok = vc_register_retrying(s->socket_path, REGISTER_TIMEOUT_MS, &req, &l, sock_err, sizeof(sock_err)) == 0;
+    int registered = ok;
     if (!ok) {
         VC_DEBUG("registration: %s", sock_err);
         ok = vc_limits_parse_file(s->limits_path, &l, file_err, sizeof(file_err)) == 0;
@@ -78,8 +90,12 @@ static void load_limits(void)
         return;
     }
     vc.limits = l;
-    vc.host_pid = l.host_pid > 0 ? l.host_pid : getpid();
+    vc.host_pid = l.host_pid > 0 ? l.host_pid : own_pid_if_host();
     describe(&l);
+    if (!vc.host_pid)
+        VC_INFO("this process's host PID is unknown (%s), so NVML's per-process figures cannot be told apart "
+                "from other containers': its compute limit is measured from the card's utilisation",
+                registered ? "the vDevice server did not find it" : "limits from the file, not the vDevice server");
     vc.shm = vc_shm_attach(s->shared_dir, s->limits_path, s->socket_path);
     vc_shm_claim(vc.shm, vc.host_pid);
     pthread_atfork(NULL, NULL, after_fork_child);
@@ -181,14 +197,21 @@ static int map_devices(void)
         vc.mem_limit[s] = vc_cap_of_slot(s);
     vc.ndev = count;
     int throttle = l->core_limit > 0 && l->core_limit < 100;
+    uint32_t mask = 0;
+    for (int d = 0; d < count; d++) {
+        int s = vc.slot_of[d];
+        if (!vc.nvml[s] && vc.uuid[d][0])
+            vc.nvml[s] = nvml_handle_for(vc.uuid[d]);
+        if (vc.nvml[s] && s >= 0 && s < 32)
+            mask |= 1u << s;
+    }
+    vc_shm_set_nvml(vc.shm, mask); /* before the limiter looks for processes that can measure */
     for (int d = 0; d < count; d++) {
         int s = vc.slot_of[d];
         if (s == VC_UNMATCHED)
             VC_ERROR("device %d (%s) is not named in the limits (%d entries), so its memory is refused to this "
                      "container: every allocation on it returns CUDA_ERROR_OUT_OF_MEMORY",
                      d, vc.uuid[d][0] ? vc.uuid[d] : "unknown UUID", l->device_count);
-        if (!vc.nvml[s] && vc.uuid[d][0])
-            vc.nvml[s] = nvml_handle_for(vc.uuid[d]);
         if (throttle) {
             if (vc.nvml[s])
                 vc_throttle_enable(s, vc.shm);
@@ -211,8 +234,8 @@ void vc_devices_init(void)
 {
     pthread_mutex_lock(&dev_mu);
     if (atomic_load(&vc.phase) == VC_PHASE_LIMITS) {
+        vc_shm_claim_if_needed(vc.shm, vc.host_pid);
         if (map_devices() == 0) {
-            vc_shm_claim_if_needed(vc.shm, vc.host_pid);
             vc_throttle_configure(vc.limits.core_limit, vc.limits.hard_limit, vc.limits.core_ceiling);
             vc_watcher_start();
             atomic_store(&vc.phase, VC_PHASE_READY);

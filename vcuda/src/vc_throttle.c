@@ -56,7 +56,25 @@ void vc_throttle_configure(int core_limit, int hard, int ceiling)
         cfg.ceiling_x1000 = cfg.target_x1000;
 }
 
-void vc_throttle_enable(int slot, struct vc_shm *shm)
+/* Forget what the controller learned: the next launch starts it afresh. */
+static void cold_reset(struct vc_throttle *t)
+{
+    atomic_store(&t->rate, 0);
+    atomic_store(&t->tokens, 0);
+    atomic_store(&t->refill_ns, 0);
+    atomic_store(&t->throttled, 0);
+    atomic_store(&t->ctrl_added, atomic_load(&t->added));
+    atomic_store(&t->ctrl_tokens, 0);
+    atomic_store(&t->ctrl_ok_ns, 0);
+    atomic_store(&t->dev_util_ns, 0);
+    atomic_store(&t->last_sample_ns, 0);
+    atomic_store(&t->last_seen_ts, 0); /* the next answer is a baseline, not a measurement */
+    atomic_store(&t->unit_x1e12, 0);
+    atomic_store(&t->ramping, 0);
+    atomic_store(&t->blind, 0);
+}
+
+static struct vc_throttle *attach(int slot, struct vc_shm *shm)
 {
     cfg.shm = shm;
     struct vc_throttle *t = &shm->thr[slot];
@@ -66,21 +84,17 @@ void vc_throttle_enable(int slot, struct vc_shm *shm)
      * old rate. */
     uint64_t now = now_ns(), last = atomic_load(&t->ctrl_ns);
     if ((last == 0 || now - last > STALE_NS) && atomic_compare_exchange_strong(&t->ctrl_ns, &last, now)) {
-        atomic_store(&t->rate, 0);
-        atomic_store(&t->tokens, 0);
-        atomic_store(&t->refill_ns, 0);
-        atomic_store(&t->throttled, 0);
-        atomic_store(&t->ctrl_added, atomic_load(&t->added));
-        atomic_store(&t->ctrl_tokens, 0);
-        atomic_store(&t->ctrl_ok_ns, 0);
-        atomic_store(&t->dev_util_ns, 0);
-        atomic_store(&t->last_sample_ns, 0);
-        atomic_store(&t->last_seen_ts, 0); /* the next answer is a baseline, not a measurement */
-        atomic_store(&t->unit_x1e12, 0);
-        atomic_store(&t->ramping, 0);
+        cold_reset(t);
+        atomic_store(&t->none_local, 0);
         atomic_store(&t->mode, VC_MEASURE_PROCESS);
     }
     vc_thr[slot] = t;
+    return t;
+}
+
+void vc_throttle_enable(int slot, struct vc_shm *shm)
+{
+    attach(slot, shm);
 }
 
 /* Change how device slot s is measured (once per change, by whichever
@@ -89,29 +103,40 @@ static void set_mode(int s, struct vc_throttle *t, unsigned from, unsigned to, c
 {
     if (!atomic_compare_exchange_strong(&t->mode, &from, to))
         return;
+    if (to == VC_MEASURE_PROCESS)
+        cold_reset(t); /* from not enforced: start afresh from the next launch */
     if (to == VC_MEASURE_NONE)
         atomic_store(&t->tokens, INT64_MAX / 2); /* release every waiting launch */
     vc_status_write(cfg.shm ? cfg.shm : vc.shm);
     if (to == VC_MEASURE_DEVICE && (atomic_fetch_or(&t->warned, 2u) & 2u) == 0)
-        VC_WARN("device slot %d: NVML does not report per-process utilisation (%s); its compute limit is "
-                "enforced from the device's utilisation",
-                s, why);
+        VC_WARN("device slot %d: %s; its compute limit is enforced from the device's utilisation", s, why);
     else if (to == VC_MEASURE_NONE && (atomic_fetch_or(&t->warned, 1u) & 1u) == 0)
         VC_WARN("device slot %d: NVML reports no utilisation for it (%s), so its compute limit is not enforced "
                 "(running unthrottled; memory is still limited)",
                 s, why);
+    else if (to == VC_MEASURE_PROCESS)
+        VC_INFO("device slot %d: %s; its compute limit is enforced again", s, why);
 }
 
+/* This process cannot measure device slot s (its NVML has no handle for it).
+ * Its launches still spend from the container's bucket; the limit is given up
+ * only while no process of the container can measure the device, and taken
+ * up again by the first one that can (see watch_measure()). */
 void vc_throttle_unmeasurable(int slot, struct vc_shm *shm, int dev, const char *why)
 {
-    VC_DEBUG("device %d (slot %d) cannot be measured: %s", dev, slot, why);
-    cfg.shm = shm;
-    struct vc_throttle *t = &shm->thr[slot];
+    VC_DEBUG("device %d (slot %d) cannot be measured by this process: %s", dev, slot, why);
+    struct vc_throttle *t = attach(slot, shm);
     unsigned cur = atomic_load(&t->mode);
-    if (cur != VC_MEASURE_NONE)
+    if (vc_shm_nvml_anyone(shm, slot)) {
+        VC_INFO("device slot %d: %s in this process; the container's other processes measure its use", slot, why);
+        return;
+    }
+    if (cur != VC_MEASURE_NONE) {
+        atomic_store(&t->none_local, 1);
         set_mode(slot, t, cur, VC_MEASURE_NONE, why);
-    else if ((atomic_fetch_or(&t->warned, 1u) & 1u) == 0)
+    } else if ((atomic_fetch_or(&t->warned, 1u) & 1u) == 0) {
         VC_WARN("device slot %d: %s, so its compute limit is not enforced", slot, why);
+    }
 }
 
 void vc_throttle_after_fork(void)
@@ -366,6 +391,18 @@ static double root(double f)
     return x;
 }
 
+/* NVML sees none of the container's use while it waits for tokens and the
+ * card is busy with others, several steps in a row: its PIDs are not the ones
+ * NVML reports, and climbing on that would lift the limit. */
+#define BLIND_STEPS 4
+static int blind(struct vc_throttle *t, uint64_t own, uint64_t other)
+{
+    if (own == 0 && other >= 100 && atomic_load(&t->throttled))
+        return atomic_fetch_add(&t->blind, 1) + 1 >= BLIND_STEPS;
+    atomic_store(&t->blind, 0);
+    return 0;
+}
+
 static void control(int s, struct vc_throttle *t, uint64_t now)
 {
     uint64_t last = atomic_load(&t->ctrl_ns);
@@ -392,10 +429,21 @@ static void control(int s, struct vc_throttle *t, uint64_t now)
     double spent_rate = since && now > since && spent > 0 ? (double)spent * 1e9 / (double)(now - since) : 0.0;
     uint64_t own = 0, other = 0;
     int rc = -1;
+    if (mode == VC_MEASURE_PROCESS && vc_shm_any_unknown_pid(vc.shm)) {
+        set_mode(s, t, mode, VC_MEASURE_DEVICE,
+                 "the host PID of a process of the container is unknown, so NVML's per-process utilisation "
+                 "cannot be attributed to it");
+        mode = VC_MEASURE_DEVICE;
+    }
     if (mode == VC_MEASURE_PROCESS) {
         rc = sample(s, t, now, &own, &other);
         if (rc == -2) {
-            set_mode(s, t, mode, VC_MEASURE_DEVICE, "not supported");
+            set_mode(s, t, mode, VC_MEASURE_DEVICE, "NVML does not report per-process utilisation (not supported)");
+            mode = VC_MEASURE_DEVICE;
+        } else if (rc == 0 && blind(t, own, other)) {
+            set_mode(s, t, mode, VC_MEASURE_DEVICE,
+                     "NVML's per-process utilisation shows none of this container's use while it launches on a "
+                     "busy card (its PIDs are not the ones NVML reports)");
             mode = VC_MEASURE_DEVICE;
         }
     }
@@ -444,8 +492,11 @@ static void control(int s, struct vc_throttle *t, uint64_t now)
     }
     /* Far below the target while held back: the container's own evidence (it
      * waits for tokens, yet uses a small fraction of its share) says the rate
-     * is far too low, so climb fast (up to x8 a step) instead of doubling. */
-    double fmax = throttled && (int64_t)own * 4 < target ? RAMP_MAX : 4.0;
+     * is far too low, so climb fast (up to x8 a step) instead of doubling.
+     * Not when NVML sees none of it on a card others keep busy: that may be
+     * NVML not seeing it at all (see blind()), so at most double. */
+    int unseen_on_busy = own == 0 && other >= 100;
+    double fmax = throttled && (int64_t)own * 4 < target && !unseen_on_busy ? RAMP_MAX : 4.0;
     if (f < 0.5)
         f = 0.5;
     if (f > fmax)
@@ -524,6 +575,22 @@ static void overhead(int s)
     }
 }
 
+/* Whether the container can measure device slot s is a matter of which of
+ * its processes have NVML, not of the first one to start: a process that can
+ * measure takes up a limit given up for lack of NVML, and one that cannot
+ * gives it up once no process that can is left (checked every second). */
+static void watch_measure(int s, struct vc_throttle *t, int slow)
+{
+    unsigned mode = atomic_load(&t->mode);
+    if (mode == VC_MEASURE_NONE && vc.nvml[s] && atomic_load(&t->none_local)) {
+        atomic_store(&t->none_local, 0);
+        set_mode(s, t, VC_MEASURE_NONE, VC_MEASURE_PROCESS, "a process of the container that has NVML started");
+    } else if (mode != VC_MEASURE_NONE && !vc.nvml[s] && slow && !vc_shm_nvml_anyone(vc.shm, s)) {
+        atomic_store(&t->none_local, 1);
+        set_mode(s, t, mode, VC_MEASURE_NONE, "no process of the container that has NVML for it is left");
+    }
+}
+
 static void *watcher(void *arg)
 {
     (void)arg;
@@ -533,24 +600,29 @@ static void *watcher(void *arg)
     uint64_t next_slow = 0;
     for (;;) {
         uint64_t now = now_ns();
-        for (int s = 0; s < VC_MAX_DEV; s++) {
-            struct vc_throttle *t = vc_thr[s];
-            if (!t)
-                continue;
-            if (atomic_load(&t->mode) == VC_MEASURE_NONE) {
-                atomic_store(&t->tokens, INT64_MAX / 2); /* not enforced: launches never wait */
-                atomic_store(&t->ctrl_ns, now);          /* and still current: no cold restart re-probes it */
-                continue;
-            }
-            refill(t, now);
-            control(s, t, now);
-        }
-        if (now >= next_slow) {
+        int slow = now >= next_slow;
+        if (slow) {
             next_slow = now + SLOW_PERIOD_NS;
             for (int s = 0; s < VC_MAX_DEV; s++)
                 if (vc.mem_limit[s] != VC_NO_CAP && vc.mem_limit[s] && vc.nvml[s])
                     overhead(s);
             vc_shm_sweep(vc.shm);
+        }
+        for (int s = 0; s < VC_MAX_DEV; s++) {
+            struct vc_throttle *t = vc_thr[s];
+            if (!t)
+                continue;
+            watch_measure(s, t, slow);
+            if (atomic_load(&t->mode) == VC_MEASURE_NONE) {
+                atomic_store(&t->tokens, INT64_MAX / 2); /* not enforced: launches never wait */
+                atomic_store(&t->ctrl_ns, now);          /* and still current: no cold restart re-probes it */
+                if (atomic_load(&t->mode) != VC_MEASURE_NONE)
+                    atomic_store(&t->tokens, 0); /* enforced again meanwhile: no free run */
+                continue;
+            }
+            refill(t, now);
+            if (vc.nvml[s])
+                control(s, t, now); /* only processes that can measure step the controller */
         }
         struct timespec ts = {0, (long)WATCH_TICK_NS};
         nanosleep(&ts, NULL);

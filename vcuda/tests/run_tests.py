@@ -22,9 +22,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent.parent))  # the repository, for gpumgr.pb
 
-import cases_compute  # noqa: E402,F401  (registers its cases)
+import cases_attribution  # noqa: E402,F401  (registers its cases)
+import cases_compute  # noqa: E402,F401
 import cases_hardening  # noqa: E402,F401
 import cases_identity  # noqa: E402,F401
+import cases_liveness  # noqa: E402,F401
 import cases_memory  # noqa: E402,F401
 import cases_procaddr  # noqa: E402,F401
 from harness import Fixture  # noqa: E402

@@ -38,7 +38,8 @@ class VDeviceTestServer(vdevice_pb2_grpc.VDeviceServicer):
     ) -> vdevice_pb2.RegisterResponse:
         with self._lock:
             self.requests.append(request)
-        if self.reply.error is not None:
+            n = len(self.requests)
+        if self.reply.error is not None and (self.reply.fail_first == 0 or n <= self.reply.fail_first):
             context.abort(self.reply.error, self.reply.error_message)
         devices = [
             vdevice_pb2.DeviceLimit(uuid=uuid, index=index, memory_limit_bytes=limit)
@@ -63,3 +64,4 @@ class Reply:
     host_pid: int | None = None  # None: echo the caller's pid
     error: grpc.StatusCode | None = None
     error_message: str = ""
+    fail_first: int = 0  # with error: answer only the first N requests with it (0: all)

@@ -125,6 +125,25 @@ app.kubernetes.io/component: {{ .component }}
       ignoredByScheduler: false
 {{- end -}}
 
+{{/* The webhook needs matchConditions (admissionregistration v1, GA and on by default in Kubernetes 1.28): on
+     1.25/1.26 the API server rejects the configuration, and on 1.27 (alpha, off by default) it drops the field,
+     so every pod creation would wait on the webhook with failurePolicy Fail. Refuse to render instead. */}}
+{{- define "gpumgr.webhookKubeVersion" -}}
+{{- if and .Values.webhook.enabled (not (semverCompare ">=1.28.0-0" .Capabilities.KubeVersion.Version)) -}}
+{{- fail (printf "webhook.enabled needs Kubernetes >= 1.28 (the webhook only sees GPU pods through matchConditions, GA in 1.28); the cluster is %s: set webhook.enabled=false and give GPU pods schedulerName: %s yourself (see docs/installation.md)" .Capabilities.KubeVersion.Version (include "gpumgr.gpuSchedulerName" .)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Deployment annotations for Stakater Reloader: roll a component that reads its certificate only at start when
+     cert-manager renews its Secret (certManager.reloader). Same argument as gpumgr.tlsSecret; empty otherwise. */}}
+{{- define "gpumgr.reloaderAnnotations" -}}
+{{- $v := .ctx.Values -}}
+{{- if and $v.certManager.enabled $v.certManager.reloader (not $v.extender.insecureServeWithoutAuth) -}}
+annotations:
+  secret.reloader.stakater.com/reload: {{ include "gpumgr.tlsSecret" . | quote }}
+{{- end -}}
+{{- end -}}
+
 {{/* Cross-field checks the JSON schema cannot express. */}}
 {{- define "gpumgr.validate" -}}
 {{- $h := .Values.agent.health -}}

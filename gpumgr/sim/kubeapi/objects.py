@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumgr.sim.kubeapi.capacity import check_device_capacity
 from gpumgr.sim.kubeapi.errors import ApiError, bad_request, invalid
 
 FieldGetter = Callable[[dict[str, Any]], str]
@@ -189,6 +190,8 @@ def _validate_resource(kind: ResourceKind, name: str, obj: dict[str, Any]) -> No
             if dname in seen:
                 raise invalid(kind.plural, name, f"spec.devices[{i}].name: Duplicate value: {dname!r}")
             seen.add(dname)
+            check_device_capacity(kind.plural, name, f"spec.devices[{i}]", d.get("capacity"),
+                                  d.get("allowMultipleAllocations") is True)
 
 
 def prepare_create(kind: ResourceKind, body: dict[str, Any], namespace: str | None, *, uid: str, now: str,

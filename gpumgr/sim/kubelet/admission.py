@@ -178,7 +178,7 @@ async def _choose(
         return chosen
     available = manager.devices.healthy(resource) - manager.pods.in_use(resource)
     preferred: list[str] = []
-    if endpoint.options.get_preferred_allocation_available:
+    if endpoint.options.get_preferred_allocation_available and manager.use_preferred:
         preferred = await endpoint.get_preferred_allocation(sorted(available | set(chosen)), chosen, count)
     return complete_selection(resource, count, chosen, available, preferred)
 

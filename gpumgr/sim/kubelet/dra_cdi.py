@@ -38,6 +38,10 @@ def load_specs(dirs: Iterable[Path]) -> dict[str, tuple[dict[str, Any], dict[str
             kind = spec.get("kind") if isinstance(spec, dict) else None
             if not isinstance(kind, str):
                 raise CdiResolveError(f"CDI spec {path} has no kind")
+            names = [dev.get("name") for dev in spec.get("devices") or []]
+            if len(set(names)) != len(names):
+                raise CdiResolveError(f"CDI spec {path} is invalid: duplicate device name "
+                                      f"{next(n for n in names if names.count(n) > 1)!r}")
             known = out.setdefault(kind, ({}, {}))[1]
             for dev in spec.get("devices") or []:
                 known[dev["name"]] = {"spec": spec, "device": dev, "path": str(path)}

@@ -175,6 +175,15 @@ class DraKubelet:
                 by_driver.setdefault(drv, []).append((namespace, meta["name"], meta["uid"]))
         prepared: dict[str, list[pb.Device]] = {}
         errors: dict[str, str] = {}
+        # as the kubelet does: a claim already prepared here (another running pod uses it) is not prepared again;
+        # the new pod is only added to the claim's users
+        mine = {c["metadata"]["uid"] for c in claims.values()}
+        for other in self.running.values():
+            for _, uid in other.claims.values():
+                if uid in mine and uid in other.devices and uid not in prepared:
+                    prepared[uid] = list(other.devices[uid])
+        by_driver = {drv: [e for e in entries if e[2] not in prepared] for drv, entries in by_driver.items()}
+        by_driver = {drv: entries for drv, entries in by_driver.items() if entries}
         for drv, entries in by_driver.items():
             try:
                 resp = await self.prepare(drv, entries)

@@ -94,6 +94,16 @@ class KubeletEmulator:
         await self.stop()
 
     @property
+    def use_preferred(self) -> bool:
+        """Whether admission asks plugins that offer it for GetPreferredAllocation (True, as kubelets since
+        1.19); False takes the sorted free set, as older kubelets did."""
+        return self._manager.use_preferred
+
+    @use_preferred.setter
+    def use_preferred(self, value: bool) -> None:
+        self._manager.use_preferred = value
+
+    @property
     def socket_path(self) -> Path:
         return self._server.socket_path
 

@@ -59,6 +59,8 @@ class DeviceManager:
         self._dial_timeout = dial_timeout
         self._call_timeout = call_timeout
         self._durable = durable
+        # False: never call GetPreferredAllocation (as kubelets before 1.19 did): the sorted free set is taken
+        self.use_preferred = True
         self._write_lock = asyncio.Lock()
 
     # -- registration and ListAndWatch -------------------------------------------------------------

@@ -9,12 +9,16 @@
  *   nvlinks <gpu> <link count>      anc <gpu a> <gpu b> <nvmlGpuTopologyLevel_t>
  *   link <gpu> <link> <gpu|switch|npu> <remote bus id> <remote pci device id hex>
  *   memaff <gpu> <NUMA node>
+ *   noecc <gpu>                     the card has ECC off (or none): no ECC counters, no double-bit ECC events
+ *                                   (registering for them is refused with NOT_SUPPORTED, as NVML does)
  * Control commands, applied in order as the library next looks (every call reads what was appended):
  *   xid <gpu> <code>     dbe <gpu> (double-bit ECC event, +1 volatile uncorrected)    ecc <gpu> <count>
  *   temp <gpu> <C>       lost <gpu>      back <gpu>      proc <gpu> <pid> <bytes> <sm %>   noproc <gpu> <pid>
+ *   (a process's <bytes> may be 18446744073709551615, NVML's "value not available", as old drivers report)
+ * A control line of LINE_MAX_LEN - 1 characters or more (before its newline) is skipped whole.
  *
  * Older drivers lack newer entry points; build with -DNO_PROCS_V3, -DNO_PROCS_V2, -DNO_WAIT_V2,
- * -DNO_REMOTE_TYPE to leave them out (see the Makefile's variants). */
+ * -DNO_REMOTE_TYPE, -DNO_SUPPORTED_EVENTS to leave them out (see the Makefile's variants). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -33,6 +37,7 @@ enum {
     NVML_ERROR_DRIVER_NOT_LOADED = 9, NVML_ERROR_TIMEOUT = 10, NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_UNKNOWN = 999,
 };
+#define NVML_VALUE_NOT_AVAILABLE (~0ULL)
 
 #define MAX_GPU 64
 #define MAX_LINK 36
@@ -100,7 +105,7 @@ struct gpu {
     char uuid[96], name[96], bus[32];
     unsigned int minor, devid;
     unsigned long long mem_mib;
-    int nlinks, memaff, temp, lost;
+    int nlinks, memaff, temp, lost, noecc;
     unsigned long long ecc_uncorrected;
     struct link links[MAX_LINK];
     struct proc procs[MAX_PROC];
@@ -172,6 +177,8 @@ static void apply_command(char *line)
     if (!strcmp(cmd, "xid")) {
         push_event(g, EV_XID, strtoull(b, NULL, 10));
     } else if (!strcmp(cmd, "dbe")) {
+        if (p->noecc)
+            return; /* no ECC: no ECC errors to report */
         p->ecc_uncorrected++;
         push_event(g, EV_DBE, 0);
     } else if (!strcmp(cmd, "ecc")) {
@@ -217,10 +224,21 @@ static void ingest(void)
     if (fseek(f, S.control_off, SEEK_SET) == 0) {
         while (fgets(line, sizeof line, f)) {
             size_t n = strlen(line);
-            if (n == 0 || line[n - 1] != '\n')
-                break; /* partial line: read it next time */
-            S.control_off += (long)n;
-            apply_command(line);
+            if (n > 0 && line[n - 1] == '\n') {
+                S.control_off += (long)n;
+                apply_command(line);
+                continue;
+            }
+            if (n + 1 < sizeof line)
+                break; /* partial line (still being written): read it next time */
+            /* longer than a command can be: skip to its end, never apply a piece of it */
+            long skipped = (long)n;
+            int c;
+            while ((c = fgetc(f)) != EOF && c != '\n')
+                skipped++;
+            if (c == EOF)
+                break; /* its end is not written yet: skip it whole next time */
+            S.control_off += skipped + 1;
         }
     }
     fclose(f);
@@ -298,6 +316,10 @@ static nvmlReturn_t load_spec(void)
                 copy_str(k->remote_bus, sizeof k->remote_bus, bus);
                 k->remote_devid = devid;
             }
+        } else if (!strcmp(key, "noecc")) {
+            int gi;
+            if (sscanf(rest, "%d", &gi) == 1 && gi >= 0 && gi < S.count)
+                S.gpus[gi].noecc = 1;
         } else if (!strcmp(key, "memaff")) {
             int gi, node;
             if (sscanf(rest, "%d %d", &gi, &node) == 2 && gi >= 0 && gi < S.count)
@@ -448,7 +470,8 @@ static unsigned long long used_bytes(const struct gpu *g)
 {
     unsigned long long sum = 0;
     for (int i = 0; i < g->nprocs; i++)
-        sum += g->procs[i].mem;
+        if (g->procs[i].mem != NVML_VALUE_NOT_AVAILABLE)
+            sum += g->procs[i].mem;
     return sum;
 }
 
@@ -580,6 +603,8 @@ API nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int type, int count
     ENTER(d);
     if (!count || type < 0 || type > 1 || counter < 0 || counter > 1)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (d->noecc)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
     *count = type == 1 ? d->ecc_uncorrected : 0;
     return leave(NVML_SUCCESS);
 }
@@ -673,9 +698,22 @@ API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long typ
     ENTER(d);
     if (set != &S.set || !S.set.used)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if ((types & EV_DBE) && d->noecc)
+        return leave(NVML_ERROR_NOT_SUPPORTED); /* some requested type unsupported: none registered */
     d->mask |= types & (EV_DBE | EV_XID);
     return leave(NVML_SUCCESS);
 }
+
+#ifndef NO_SUPPORTED_EVENTS
+API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types)
+{
+    ENTER(d);
+    if (!types)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    *types = EV_XID | (d->noecc ? 0ULL : EV_DBE);
+    return leave(NVML_SUCCESS);
+}
+#endif
 
 /* Wait up to `ms` for an event on a registered card; fills the v1 part of `out` (and the instance ids of v2). */
 static nvmlReturn_t wait_event(nvmlEventSet_t set, nvmlEventData_t *out, unsigned int ms, int v2)

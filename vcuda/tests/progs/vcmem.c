@@ -6,11 +6,16 @@
  *   vcmem unknown               frees of handles the shim never saw
  *   vcmem rollback              real driver OOM gives the reservation back
  *   vcmem hold BYTES            hold memory until killed
+ *   vcmem hold-thread BYTES     hold memory, then end the main thread (pthread_exit) while another sleeps
+ *   vcmem hold-fork BYTES       hold memory, fork a child that only sleeps, say CHILD <pid>, sleep
+ *   vcmem hold-closefds BYTES   hold memory, close every descriptor above 2 (as daemons do), wait 2 s, say CLOSED
  *   vcmem fill                  allocate everything the limit allows, report it
  *   vcmem ctx CTX_BYTES         context memory is counted (through NVML)
  *   vcmem devices               per-device limits with several GPUs
  *   vcmem churn                 allocate and free in a loop until killed
  *   vcmem init                  cuInit and one allocation, print the results */
+#include <pthread.h>
+
 #include "testlib.h"
 
 static unsigned long long remaining(void)
@@ -265,6 +270,58 @@ static void hold(unsigned long long bytes)
     sleep(60);
 }
 
+static void *sleeper(void *arg)
+{
+    (void)arg;
+    sleep(60);
+    return NULL;
+}
+
+/* The main thread allocates and then ends; the process lives on in another
+ * thread (/proc/<pid>/stat then shows the main thread's state, Z). */
+static void hold_thread(unsigned long long bytes)
+{
+    CUdeviceptr p;
+    CUresult r = cuMemAlloc_v2(&p, bytes);
+    pthread_t th;
+    if (pthread_create(&th, NULL, sleeper, NULL) != 0) {
+        printf("FAIL pthread_create\n");
+        exit(1);
+    }
+    printf("HOLD %d\n", r);
+    fflush(stdout);
+    pthread_exit(NULL);
+}
+
+static void hold_fork(unsigned long long bytes)
+{
+    CUdeviceptr p;
+    CUresult r = cuMemAlloc_v2(&p, bytes);
+    printf("HOLD %d\n", r);
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        sleep(60);
+        _exit(0);
+    }
+    printf("CHILD %d\n", (int)child);
+    fflush(stdout);
+    sleep(60);
+}
+
+static void hold_closefds(unsigned long long bytes)
+{
+    CUdeviceptr p;
+    CUresult r = cuMemAlloc_v2(&p, bytes);
+    for (int fd = 3; fd < 1024; fd++)
+        close(fd);
+    printf("HOLD %d\n", r);
+    sleep(2);
+    printf("CLOSED\n");
+    fflush(stdout);
+    sleep(60);
+}
+
 static void fill(void)
 {
     unsigned long long held = 0, chunk = 64 * MiB;
@@ -377,6 +434,12 @@ int main(int argc, char **argv)
         rollback();
     else if (strcmp(cmd, "hold") == 0 && argc >= 3)
         hold(strtoull(argv[2], NULL, 10));
+    else if (strcmp(cmd, "hold-thread") == 0 && argc >= 3)
+        hold_thread(strtoull(argv[2], NULL, 10));
+    else if (strcmp(cmd, "hold-fork") == 0 && argc >= 3)
+        hold_fork(strtoull(argv[2], NULL, 10));
+    else if (strcmp(cmd, "hold-closefds") == 0 && argc >= 3)
+        hold_closefds(strtoull(argv[2], NULL, 10));
     else if (strcmp(cmd, "churn") == 0)
         churn();
     else if (strcmp(cmd, "fill") == 0)

@@ -1,0 +1,99 @@
+"""Whose use the compute limiter measures: registration retried when the vDevice server is busy, processes whose
+host PID is unknown (NVML cannot attribute their use), and one process without NVML among several that have it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import grpc
+from harness import UUID_A, Container, Fixture, GiB, Node, first_line
+from registry import case
+from vdevice_server import Reply, VDeviceTestServer
+
+S = 1_000_000_000
+
+
+@case("identity: a busy vDevice server (RESOURCE_EXHAUSTED, UNAVAILABLE) is retried, not given up on")
+def register_retried(fx: Fixture) -> None:
+    node = fx.node([(UUID_A, 16 * GiB, 80)])
+    c = fx.container()  # no limits file: without the server the container fails closed
+    for code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE):
+        busy = Reply(devices=[(UUID_A, 0, 1 * GiB)], error=code, error_message="busy; retry", fail_first=3)
+        with VDeviceTestServer(str(c.socket), busy) as srv:
+            r = c.run("vcmem", "init", env=c.env(node))
+        assert r.line("cuInit") == "cuInit=0", f"{code.name}: {r.out}{r.err}"
+        assert len(srv.requests) == 4, f"{code.name}: {len(srv.requests)} requests"
+    # Any other refusal is final: asked once.
+    refuse = Reply(error=grpc.StatusCode.PERMISSION_DENIED, error_message="not your pod")
+    with VDeviceTestServer(str(c.socket), refuse) as srv:
+        r = c.run("vcmem", "init", env=c.env(node))
+    assert r.line("cuInit") != "cuInit=0" and len(srv.requests) == 1, (r.out, len(srv.requests))
+
+
+def _load(c: Container, node: Node, seconds: float, prefix: list[str] | None = None,
+          **env: str) -> tuple[subprocess.Popen[str], int]:
+    full = c.env(node)
+    full.update(env)
+    p = subprocess.Popen([*(prefix or []), str(c.fx.build / "vcload"), f"{seconds:.1f}", "100", "kernel"],
+                         env=full, cwd=c.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return p, int(first_line(p, "PID").split()[1])
+
+
+def _finish(p: subprocess.Popen[str]) -> str:
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError("a load did not finish") from None
+    assert p.returncode == 0 and "FAIL" not in out, out + err
+    return err
+
+
+@case("compute: a process whose host PID is unknown (own PID namespace, limits file) is still limited", slow=True)
+def unknown_host_pid(fx: Fixture) -> None:
+    unshare = shutil.which("unshare")
+    assert unshare, "this test needs unshare(1) (util-linux) and root to make a PID namespace"
+    node = fx.node([(UUID_A, 16 * GiB, 80)])
+    c = fx.container()
+    c.write_limits([(UUID_A, 0)], core=30)  # the file has no host PID; NVML reports the host's PIDs
+    t0 = time.monotonic_ns()
+    p, pid = _load(c, node, 6.5, prefix=[unshare, "-p", "-f", "--kill-child"])
+    err = _finish(p)
+    util = node.busy(0, t0 + 2 * S, t0 + 6 * S, [pid])
+    fx.figure(f"hard 30%, host PID unknown (measured from the card): {util:5.1f}%")
+    assert 15 <= util <= 45, f"a hard-30% container whose host PID is unknown got {util:.1f}% of the card\n{err}"
+
+
+@case("compute: one process without NVML does not switch off the limit for the container's others", slow=True)
+def one_process_without_nvml(fx: Fixture) -> None:
+    node = fx.node([(UUID_A, 16 * GiB, 80)])
+    c = fx.container()
+    c.write_limits([(UUID_A, 0)], core=30)
+    t0 = time.monotonic_ns()
+    a, pid_a = _load(c, node, 7.5)
+    time.sleep(0.5)
+    b, pid_b = _load(c, node, 7.0, FAKEGPU_NVML_HANDLES="unsupported")
+    _finish(a)
+    _finish(b)
+    util = node.busy(0, t0 + 3 * S, t0 + 7 * S, [pid_a, pid_b])
+    fx.figure(f"hard 30%, one of two processes without NVML: {util:5.1f}%")
+    assert 15 <= util <= 45, f"a hard-30% container, one process without NVML, got {util:.1f}% of the card"
+
+
+@case("compute: NVML seeing none of the container's use on a busy card is no reason to climb (wrong host PID)",
+      slow=True)
+def wrong_host_pid(fx: Fixture) -> None:
+    node = fx.node([(UUID_A, 16 * GiB, 80)])
+    c = fx.container()  # the server answers a host PID that is not this process's: NVML's figures are not ours
+    reply = Reply(devices=[(UUID_A, 0, 0)], core_limit=30, hard_limit=True, host_pid=424242)
+    with VDeviceTestServer(str(c.socket), reply):
+        t0 = time.monotonic_ns()
+        p, pid = _load(c, node, 6.5)
+        err = _finish(p)
+    util = node.busy(0, t0 + 2 * S, t0 + 6 * S, [pid])
+    fx.figure(f"hard 30%, NVML's PIDs not the container's: {util:5.1f}%")
+    assert 15 <= util <= 45, f"a hard-30% container NVML cannot see got {util:.1f}% of the card\n{err}"
+    status = next(c.shm.glob("vcuda-*.status")).read_text()
+    assert "device0_compute=device" in status, status
