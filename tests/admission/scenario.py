@@ -126,6 +126,7 @@ async def _failed(node: SimNode, case: Case, live: Live, e: AdmissionError, tota
     totals.refusals += unsafe
     if unsafe:
         totals.refusal_lines.append(f"seed {case.seed}: {live.name} {live.plan}")
+        totals.refusals_following += case.preferred  # the kubelet took the preferred cards: should not happen
     if not live.fits or e.reason.startswith("OutOf"):  # the kubelet's own count of free devices said no
         totals.unfit += 1
         return []
@@ -327,6 +328,7 @@ class Totals:
     started: int = 0
     unfit: int = 0
     refusals: int = 0
+    refusals_following: int = 0  # of those, by a kubelet that followed the preferred cards
     misplaced: int = 0
     stranded: int = 0
     violations: int = 0
@@ -336,6 +338,7 @@ class Totals:
 
     def summary(self) -> str:
         return (f"{self.cases} cases, {self.admissions} admissions: {self.started} started, {self.unfit} did not "
-                f"fit the node, {self.refusals} refused as unsafe (recreated), {self.misplaced} never offered a card "
+                f"fit the node, {self.refusals} refused as unsafe and recreated ({self.refusals_following} of them "
+                f"with a kubelet following the preferred cards), {self.misplaced} never offered a card "
                 f"that fits by a kubelet without preferences, {self.stranded} stranded, "
                 f"{self.violations} invariant violations")

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.mark.parametrize(("topo", "memory_mib", "seeds"), [
     ("gtx1080ti", 4096, range(0, 20)),  # 2 cards of 16 units: memory runs out before cores
     ("a10-4x", 8192, range(100, 115)),  # 4 cards of 32 units
+    ("dgx-a100", 16384, range(212, 229)),  # 8 cards; some cases' kubelet ignores the preferred cards
 ])
 async def test_random_admissions_strand_nothing_and_keep_every_invariant(topo, memory_mib, seeds):
     totals = Totals()
@@ -26,4 +27,7 @@ async def test_random_admissions_strand_nothing_and_keep_every_invariant(topo, m
         assert node.agent.state.ledger.allocations == {}
     assert totals.stranded == 0, "\n".join(totals.stranded_cases)
     assert totals.violations == 0, "\n".join(totals.violation_lines)
+    assert totals.refusals_following == 0, "\n".join(totals.refusal_lines)
     assert totals.started > totals.cases  # the cases did run pods
+    if topo == "dgx-a100":  # these seeds include kubelets that ignore the preferred cards: refused, then recreated
+        assert totals.refusals > 0

@@ -30,7 +30,7 @@ async def run(cases_scale: float = 1.0) -> int:
             print(f"  {line}")
         for line in totals.refusal_lines[:5]:
             print(f"  refused as unsafe: {line}")
-        failed += totals.stranded + totals.violations
+        failed += totals.stranded + totals.violations + totals.refusals_following
     return failed
 
 
