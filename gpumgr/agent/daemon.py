@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpumgr import node_inventory, podspec, vdriver
 from gpumgr.agent.config import AgentConfig
@@ -20,10 +20,12 @@ from gpumgr.agent.service import AllocationService, ServiceConfig
 from gpumgr.agent.state import NodeState
 from gpumgr.cgroups import CgroupReader
 from gpumgr.checkpoint import CheckpointError, CheckpointStore
+from gpumgr.choices import CordonWatch
 from gpumgr.deviceplugin.response import ResponseConfig
 from gpumgr.deviceplugin.servicer import PluginServicer
 from gpumgr.deviceplugin.supervisor import PluginSpec, PluginSupervisor
 from gpumgr.devices.backend import Backend
+from gpumgr.dra.config import mode_of
 from gpumgr.health import HealthConfig, HealthMonitor
 from gpumgr.kube.client import KubeClient
 from gpumgr.kube.pod_cache import PodCache
@@ -32,9 +34,13 @@ from gpumgr.node_labels import labels_patch, node_labels
 from gpumgr.vdevice.layout import VDeviceLayout
 from gpumgr.vdevice.server import VDeviceManager
 
+if TYPE_CHECKING:
+    from gpumgr.dra.frontend import DraFrontEnd
+
 log = logging.getLogger("gpumgr.agent")
 
 POD_SYNC_TIMEOUT_S = 30.0
+CORDON_REFRESH_S = 15.0  # how often the node's gpumgr.io/cordoned-gpus is read
 
 
 class Agent:
@@ -53,10 +59,15 @@ class Agent:
         self.health: HealthMonitor | None = None
         self.metrics: AgentMetrics | None = None
         self.http: MetricsServer | None = None
+        self.mode = mode_of(config)  # device-plugin, dra or both (gpumgr run --mode)
+        self.dra: DraFrontEnd | None = None
+        self.cordon: CordonWatch | None = None
 
     @property
     def ready(self) -> bool:
-        return self.started and self.supervisor is not None and self.supervisor.ready
+        if not self.started:
+            return False
+        return self.mode == "dra" or (self.supervisor is not None and self.supervisor.ready)
 
     async def start(self) -> None:
         cfg = self.config
@@ -77,7 +88,9 @@ class Agent:
         # /healthz answers from here on (the chart's liveness probe), /readyz once the plugins are registered
         metrics = AgentMetrics()
         self.metrics = metrics
-        reader = UsageReader(state, self.backend, self.pods.get, CgroupReader(cfg.cgroup_root))
+        self.cordon = CordonWatch(inv.gpus)
+        await self.refresh_cordon()
+        reader = UsageReader(state, self.backend, self.pods.get, CgroupReader(cfg.cgroup_root), cordon=self.cordon)
         self.http = await start_http(build_app(metrics, reader, ready=lambda: self.ready),
                                      *parse_addr(cfg.metrics_addr))
         log.info("metrics on %s/metric (also /graph, /usage, /healthz, /readyz)", self.http.url)
@@ -101,6 +114,7 @@ class Agent:
                                                   shim_dir=cfg.shim_dir, cdi=cfg.cdi)),
             annotator=self.kube, events=metrics,
         )
+        self.service.cordon = self.cordon
         await reconcile(self.service, self.pods.synced, cfg.grace_s, "start")
         self.health = HealthMonitor(
             self.backend, state,
@@ -111,6 +125,16 @@ class Agent:
         self._published = await self.publish_inventory()
         await self.publish_labels()
 
+        if self.mode != "device-plugin":  # DRA claims come in through the same ledger, vDevice servers and health
+            from gpumgr.dra.frontend import start_dra
+
+            self.dra = await start_dra(self)
+        if self.mode == "dra":
+            self._tasks.append(asyncio.create_task(self._reconcile_loop()))
+            self._tasks.append(asyncio.create_task(self._publish_loop()))
+            self._tasks.append(asyncio.create_task(self._cordon_loop()))
+            self.started = True
+            return
         self.supervisor = PluginSupervisor(cfg.device_plugin_dir, [
             PluginSpec(podspec.RESOURCE_CORE, "vcore.sock", PluginServicer(self.service, "c", podspec.RESOURCE_CORE)),
             PluginSpec(podspec.RESOURCE_MEMORY, "vmemory.sock",
@@ -119,11 +143,12 @@ class Agent:
         await self.supervisor.start()
         self._tasks.append(asyncio.create_task(self._reconcile_loop()))
         self._tasks.append(asyncio.create_task(self._publish_loop()))
+        self._tasks.append(asyncio.create_task(self._cordon_loop()))
         self.started = True
 
     def _load_checkpoint(self, state: NodeState, store: CheckpointStore) -> None:
         try:
-            res = store.load()
+            res = store.load(expected_node=state.node_name)
         except CheckpointError as e:
             log.error("%s; starting from the kubelet checkpoint and the live pods instead", e)
             return
@@ -189,6 +214,28 @@ class Agent:
         except Exception as e:  # noqa: BLE001 - labels are retried at the next start
             log.warning("labelling node %s failed: %s", cfg.node_name, e)
 
+    async def refresh_cordon(self) -> None:
+        """Read the node's gpumgr.io/cordoned-gpus (cards that take no new pods). An API error keeps the last."""
+        if self.cordon is None:
+            return
+        try:
+            node = await self.kube.get_node(self.config.node_name)
+        except Exception as e:  # noqa: BLE001 - retried at the next refresh
+            log.warning("reading node %s for its GPU cordon failed: %s", self.config.node_name, e)
+            return
+        if node is not None and self.cordon.update(node):
+            c = self.cordon.current
+            if c.error:
+                log.error("node %s: %s; every card is treated as cordoned until it is fixed", self.config.node_name,
+                          c.error)
+            else:
+                log.info("node %s: cordoned cards now %s", self.config.node_name, sorted(c.cards) or "none")
+
+    async def _cordon_loop(self) -> None:
+        while True:
+            await asyncio.sleep(CORDON_REFRESH_S)
+            await self.refresh_cordon()
+
     def _on_register(self, resource: str, again: bool) -> None:
         if again and self.metrics is not None:
             self.metrics.reregistration(resource)
@@ -223,6 +270,8 @@ class Agent:
                 await t
         if self.supervisor:
             await self.supervisor.stop()
+        if self.dra is not None:
+            await self.dra.stop()
         if self.service:
             await self.service.drain()
             await self.service.vdevices.stop_all()

@@ -16,6 +16,17 @@ from dataclasses import dataclass
 from gpumgr import podspec
 from gpumgr.allocator import Allocation, InvalidRequest, Ledger, NoFit, Request, choose
 from gpumgr.binding import Candidate
+from gpumgr.choices import (
+    DEFAULT_POLICY,
+    NO_CHOICES,
+    NO_CORDON,
+    ChoiceError,
+    Cordon,
+    Policy,
+    allowed_cards,
+    pod_choices_of,
+)
+from gpumgr.devices.types import GPU
 from gpumgr.topology import Topology
 
 
@@ -40,21 +51,26 @@ def fits_on(ledger: Ledger, cand: Candidate, cards: tuple[int, ...], unit_mib: i
     return ledger.problem(probe) is None
 
 
-def fits_somewhere(topo: Topology, ledger: Ledger, cand: Candidate, unit_mib: int) -> bool:
+def fits_somewhere(topo: Topology, ledger: Ledger, cand: Candidate, unit_mib: int,
+                   allowed: frozenset[int] | None = None) -> bool:
     if cand.ask.cores < 100:
-        return any(fits_on(ledger, cand, (c.index,), unit_mib) for c in ledger.cards)
+        return any(fits_on(ledger, cand, (c.index,), unit_mib) for c in ledger.cards
+                   if allowed is None or c.index in allowed)
     try:
-        choose(topo, ledger, Request(cand.ask.cores, 0))
+        choose(topo, ledger, Request(cand.ask.cores, 0), allowed)
     except (InvalidRequest, NoFit):
         return False
     return True
 
 
-def plan(topo: Topology, ledger: Ledger, cands: Sequence[Candidate], unit_mib: int) -> Plan:
+def plan(topo: Topology, ledger: Ledger, cands: Sequence[Candidate], unit_mib: int,
+         gpus: Sequence[GPU] = (), cordon: Cordon = NO_CORDON) -> Plan:
     """Cards to offer for the next container asking these candidates' core count. The extender's recorded cards
     come first (oldest decision first) when every possible candidate fits there; else the evaluators' choice for
-    the candidate needing the most memory (same cores: where it fits, all the smaller ones fit too)."""
-    possible = [c for c in cands if fits_somewhere(topo, ledger, c, unit_mib)]
+    the candidate needing the most memory (same cores: where it fits, all the smaller ones fit too), among the
+    cards every candidate may use (its gpu-uuid choices, the node's cordon), in the first candidate's policy."""
+    allowed = {c.uid: _allowed(gpus, c, cordon) for c in cands}
+    possible = [c for c in cands if fits_somewhere(topo, ledger, c, unit_mib, allowed[c.uid])]
     if not possible:
         return Plan(None, ())
     for c in possible:
@@ -62,8 +78,14 @@ def plan(topo: Topology, ledger: Ledger, cands: Sequence[Candidate], unit_mib: i
             return Plan(c.recorded, tuple(possible))
     cores = max(need_of(c, unit_mib)[0] for c in possible)
     memory = max(need_of(c, unit_mib)[1] for c in possible)
+    common: frozenset[int] | None = None
+    for c in possible:
+        mine = allowed[c.uid]
+        if mine is not None:
+            common = mine if common is None else common & mine
     try:
-        cards = choose(topo, ledger, Request(cores if cores < 100 else possible[0].ask.cores, memory)).cards
+        cards = choose(topo, ledger, Request(cores if cores < 100 else possible[0].ask.cores, memory), common,
+                       _policy(possible[0])).cards
     except (InvalidRequest, NoFit):
         return Plan(None, tuple(possible))
     return Plan(tuple(sorted(cards)), tuple(possible))
@@ -84,6 +106,24 @@ def judge(topo: Topology, ledger: Ledger, cands: Sequence[Candidate], cards: tup
         else:
             nowhere += 1
     return Verdict(tuple(here), tuple(elsewhere), nowhere)
+
+
+def _allowed(gpus: Sequence[GPU], cand: Candidate, cordon: Cordon) -> frozenset[int] | None:
+    """The cards a new allocation for the candidate may use; None: any card (or the node's cards not given)."""
+    try:
+        choices = pod_choices_of(cand.pod)
+    except ChoiceError:
+        choices = NO_CHOICES  # the extender refuses such pods; the kubelet's own choice stands
+    if not gpus or (not choices.constrains and not cordon.cards):
+        return None
+    return allowed_cards(gpus, choices, cordon).cards
+
+
+def _policy(cand: Candidate) -> Policy:
+    try:
+        return pod_choices_of(cand.pod).policy
+    except ChoiceError:
+        return DEFAULT_POLICY
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from gpumgr.agent.service import AllocationService, is_claim
 from gpumgr.agent.truth import apply_truths
 from gpumgr.allocator import Allocation, Ledger
 from gpumgr.deviceplugin import ids as devids
+from gpumgr.dra.preparer import claim_vdevice_keys
 from gpumgr.kube.pod_cache import mirror_of
 from gpumgr.kubelet_checkpoint import KubeletCheckpointError
 from gpumgr.vdevice.layout import allocation_key
@@ -139,7 +140,7 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
             await service.vdevices.start(a.key, limits, service.bus_ids(a))
             report.vdevices_started += 1
             service.schedule_annotations(uid)
-    keep = set(state.ledger.allocations)
+    keep = set(state.ledger.allocations) | claim_vdevice_keys(state.ledger)  # DRA claims' directories stay
     for key in set(running) | set(service.layout.keys()):
         if key in keep:
             continue

@@ -24,6 +24,7 @@ from gpumgr.agent.errors import PluginError
 from gpumgr.agent.state import NodeState
 from gpumgr.agent.truth import apply_truths
 from gpumgr.allocator import Allocation, InvalidRequest, Ledger, LedgerError, NoFit, Request, choose
+from gpumgr.choices import NO_CORDON, Cordon
 from gpumgr.deviceplugin import ids as devids
 from gpumgr.deviceplugin import response
 from gpumgr.kubelet_checkpoint import KubeletCheckpoint, KubeletCheckpointError, find_owners, read_kubelet_checkpoint
@@ -90,6 +91,7 @@ class AllocationService:
         self._memory_hint: tuple[float, int, tuple[int, int, int] | None] | None = None
         # a core Allocate is waiting for its container's memory Allocate (the checkpoint stamp then), or None
         self._open_core: tuple[int, int, int] | None | bool = False
+        self.cordon: Callable[[], Cordon] = lambda: NO_CORDON  # the node's cordon; the daemon sets its watch
         self.unsafe_refusals = 0  # Allocates refused because any answer could strand the pod being admitted
         self.prestart_failures = 0  # pods failed at PreStart because they could not be made to fit
 
@@ -160,17 +162,21 @@ class AllocationService:
             await self._settle(ckpt)
             ledger = self.state.ledger  # after settling (a commit replaces the ledger)
             cands = await self._visible_candidates(size, ckpt)
+            cordon = self.cordon()
             if not cands:
                 try:
                     return choose(self.state.topology, ledger,
-                                  Request(size, self.state.memory_unit_mib if size < 100 else 0)).cards
+                                  Request(size, self.state.memory_unit_mib if size < 100 else 0),
+                                  frozenset(range(len(ledger))) - cordon.cards if cordon.cards else None).cards
                 except (InvalidRequest, NoFit):
                     return None
-            planned = guess.plan(self.state.topology, ledger, cands, self.state.memory_unit_mib)
+            planned = guess.plan(self.state.topology, ledger, cands, self.state.memory_unit_mib,
+                                 self.state.inventory.gpus, cordon)
             if planned.cards is None or len(planned.possible) < len(cands):
                 dead = await self._dead_holders(self._holders_on(None, skip=[]), ckpt)
                 if dead:  # gone pods' holdings, freed when the kubelet hands out their devices: plan without them
-                    planned = guess.plan(self.state.topology, self._without(dead), cands, self.state.memory_unit_mib)
+                    planned = guess.plan(self.state.topology, self._without(dead), cands, self.state.memory_unit_mib,
+                                         self.state.inventory.gpus, cordon)
             return planned.cards
         # vcuda-memory: the card of the container's vcuda-core allocation, when it was made first
         for a in reversed(list(self.state.ledger.allocations.values())):

@@ -28,7 +28,7 @@ class NodeState:
     def __init__(self, node_name: str, inventory: Inventory, store: CheckpointStore, memory_unit_mib: int = 256):
         self.node_name = node_name
         self.inventory = inventory
-        self.topology = Topology(inventory.levels)
+        self.topology = Topology.of(inventory)  # levels and NUMA nodes (NUMA breaks ties)
         self.store = store
         self.memory_unit_mib = memory_unit_mib
         self.ledger = Ledger(g.memory_mib for g in inventory.gpus)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumgr import podspec
+from gpumgr.choices import NO_CHOICES, ChoiceError, Choices, pod_choices_of
 
 
 class AskError(ValueError):
@@ -29,11 +30,22 @@ def pod_ask(pod: Mapping[str, Any]) -> PodAsk:
         elif a.memory_units > 0 and not invalid:
             invalid = (f"container {a.name or i}: asks {podspec.RESOURCE_MEMORY} without {podspec.RESOURCE_CORE} "
                        "(memory alone cannot be allocated)")
+    try:
+        choices = pod_choices_of(pod)
+    except ChoiceError as e:  # refused on every node, with the annotation and the fix named
+        choices, invalid = NO_CHOICES, invalid or str(e)
     accepted, refused = podspec.model_filter(pod)
     acc = tuple(sorted({m.lower() for m in accepted}))
     ref = tuple(sorted({m.lower() for m in refused}))
-    key = ";".join(f"{c.cores}/{c.memory_units}" for c in containers) + "|" + ",".join(acc) + "|" + ",".join(ref)
-    return PodAsk(containers=tuple(containers), accepted=acc, refused=ref, invalid=invalid, key=key)
+    key = (";".join(f"{c.cores}/{c.memory_units}" for c in containers) + "|" + ",".join(acc) + "|" + ",".join(ref)
+           + "|" + choices_key(choices))
+    return PodAsk(containers=tuple(containers), accepted=acc, refused=ref, invalid=invalid, key=key, choices=choices)
+
+
+def choices_key(c: Choices) -> str:
+    """The part of the cache key that the per-pod choices make (UUID entries never contain `*`, `,` or `|`)."""
+    select = "*" if c.select is None else ",".join(sorted(c.select))
+    return f"{c.policy}|{select}|{','.join(sorted(c.exclude))}"
 
 
 def pod_uid(pod: Mapping[str, Any]) -> str:
@@ -57,6 +69,7 @@ class PodAsk:
     refused: tuple[str, ...]  # lower-cased gpumgr.io/gpu-model-exclude entries
     invalid: str  # why no node can ever take the pod ("" when none of that)
     key: str  # the same for pods that ask the same: the cache key of fits
+    choices: Choices = NO_CHOICES  # gpu-policy, gpu-uuid-select / -exclude (gpumgr/choices.py)
 
     @property
     def wants_gpu(self) -> bool:

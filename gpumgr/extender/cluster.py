@@ -20,6 +20,7 @@ from typing import Any
 
 from gpumgr import podspec
 from gpumgr.allocator import Allocation, Ledger
+from gpumgr.choices import ANN_CORDON, allowed_cards, node_cordon
 from gpumgr.extender.ask import PodAsk, pod_uid
 from gpumgr.extender.claims import FINISHED, Claim, pod_claim
 from gpumgr.extender.fit import Fit, place, quick_check, static_check, with_packing
@@ -37,6 +38,7 @@ class ClusterView:
         self.nodes: dict[str, NodeState] = {}
         self.synced: set[str] = set()  # "nodes", "pods" once their first list is in
         self._node_text: dict[str, bytes | None] = {}  # digest of each node's inventory annotation
+        self._node_cordon: dict[str, bytes | None] = {}  # digest of each node's gpumgr.io/cordoned-gpus
         self._shapes: dict[tuple[object, ...], Shape] = {}
         self._pods: dict[str, tuple[str, str, bytes]] = {}  # GPU pods by UID: namespace, name, compact JSON
         self._by_name: dict[tuple[str, str], str] = {}
@@ -48,7 +50,7 @@ class ClusterView:
         self._wanted_at: dict[str, str] = {}  # the reverse: pod UID -> node
         self._verdicts: dict[str, dict[str, Fit]] = {}  # ask key -> node -> verdict (filter)
         self._placements: dict[str, dict[str, Fit]] = {}  # ask key -> node -> placement (prioritize, bind)
-        self._memo: dict[tuple[int, object, str], Fit] = {}  # (shape, state, ask) -> placement without packing
+        self._memo: dict[tuple[int, object, str, tuple[bool, ...]], Fit] = {}  # (shape, state, ask, cards) -> fit
         self._statics: dict[tuple[int, str], tuple[tuple[bool, ...], Fit | None]] = {}
 
     @property
@@ -56,13 +58,22 @@ class ClusterView:
         return {"nodes", "pods"} <= self.synced
 
     # -- nodes ----------------------------------------------------------------------------------------------
-    def set_node(self, name: str, inventory_text: str | None) -> None:
-        """A node was added or changed; `inventory_text` is its gpumgr.io/gpu-inventory annotation."""
+    def set_node(self, name: str, inventory_text: str | None, cordon_text: str | None = None) -> None:
+        """A node was added or changed; `inventory_text` is its gpumgr.io/gpu-inventory annotation, `cordon_text`
+        its gpumgr.io/cordoned-gpus."""
         digest = None if inventory_text is None else hashlib.blake2b(inventory_text.encode(), digest_size=16).digest()
-        if name in self.nodes and name in self._node_text and self._node_text[name] == digest:
+        cordon = None if cordon_text is None else hashlib.blake2b(cordon_text.encode(), digest_size=16).digest()
+        if (name in self.nodes and name in self._node_text and self._node_text[name] == digest
+                and self._node_cordon.get(name) == cordon):
             return
         self._node_text[name] = digest
+        self._node_cordon[name] = cordon
         self.nodes[name] = self._build_node(name, inventory_text)
+        if self.nodes[name].shape is not None:
+            ann = {} if cordon_text is None else {ANN_CORDON: cordon_text}
+            self.nodes[name].cordon = node_cordon(ann, self.nodes[name].gpus)
+            if self.nodes[name].cordon.error:
+                log.warning("node %s: %s", name, self.nodes[name].cordon.error)
         self._node_changed(name)
         for uid in sorted(self._wanted.get(name, ())):
             self._applied.pop(uid, None)
@@ -71,16 +82,17 @@ class ClusterView:
     def remove_node(self, name: str) -> None:
         self.nodes.pop(name, None)
         self._node_text.pop(name, None)
+        self._node_cordon.pop(name, None)
         self._node_changed(name)
         for uid in self._wanted.get(name, ()):
             self._applied.pop(uid, None)
 
-    def replace_nodes(self, nodes: Mapping[str, str | None]) -> None:
-        """The full node list (after a list or re-list)."""
+    def replace_nodes(self, nodes: Mapping[str, str | None], cordons: Mapping[str, str | None] | None = None) -> None:
+        """The full node list (after a list or re-list), with each node's cordon annotation when known."""
         for name in [n for n in self.nodes if n not in nodes]:
             self.remove_node(name)
         for name, text in nodes.items():
-            self.set_node(name, text)
+            self.set_node(name, text, (cordons or {}).get(name))
         self.synced.add("nodes")
 
     def _build_node(self, name: str, text: str | None) -> NodeState:
@@ -100,7 +112,9 @@ class ClusterView:
                              f"unusable: {e}", on_change=self._node_changed)
         if not shape.models:
             return NodeState(name, None, problem="the node reports no GPUs", on_change=self._node_changed)
-        return NodeState(name, shape, unhealthy=gpus.unhealthy, on_change=self._node_changed)
+        node = NodeState(name, shape, unhealthy=gpus.unhealthy, on_change=self._node_changed)
+        node.gpus = gpus.inventory.gpus
+        return node
 
     # -- pods -----------------------------------------------------------------------------------------------
     def set_pod(self, pod: dict[str, Any]) -> None:
@@ -234,7 +248,7 @@ class ClusterView:
             if node.shape is None:
                 fit = Fit.never(node.problem)
             else:
-                allowed, never = self._static(node.shape, ask)
+                allowed, never = self._allowed(node, node.shape, ask)
                 fit = (never or quick_check(node.ledger, allowed, node.shape.unit_mib, ask)
                        or self._place(node, node.shape, ask))
         cache[name] = fit
@@ -304,15 +318,28 @@ class ClusterView:
             self._statics[key] = found
         return found
 
-    def _place(self, node: NodeState, shape: Shape, ask: PodAsk, ledger: Ledger | None = None) -> Fit:
+    def _allowed(self, node: NodeState, shape: Shape, ask: PodAsk) -> tuple[tuple[bool, ...], Fit | None]:
+        """`_static`, narrowed by the pod's UUID choices and the node's cordon (per node, not per shape)."""
         allowed, never = self._static(shape, ask)
+        if never is not None or (not ask.choices.constrains and not node.cordon.cards):
+            return allowed, never
+        mine = allowed_cards(node.gpus, ask.choices, node.cordon)
+        mask = tuple(a and m for a, m in zip(allowed, mine.mask(len(allowed)), strict=True))
+        if not mine.cards:
+            return mask, Fit.never(mine.why_none())
+        if not any(mask):
+            return mask, Fit.never(f"{mine.describe()}, and none of them is of an accepted model")
+        return mask, None
+
+    def _place(self, node: NodeState, shape: Shape, ask: PodAsk, ledger: Ledger | None = None) -> Fit:
+        allowed, never = self._allowed(node, shape, ask)
         if never is not None:
             return never
         if ledger is None:
             ledger, state = node.ledger, node.state(ask.whole_only)
         else:
             state = whole_state(ledger) if ask.whole_only else full_state(ledger)
-        memo_key = (shape.ident, state, ask.key)
+        memo_key = (shape.ident, state, ask.key, allowed)
         fit = self._memo.get(memo_key)
         if fit is None:
             fit = place(shape.topology, ledger, allowed, shape.unit_mib, ask)

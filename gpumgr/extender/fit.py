@@ -128,7 +128,7 @@ def _place(topo: Topology, ledger: Ledger, allowed: tuple[bool, ...], unit_mib: 
     for need in ask.containers:
         req = request(need, unit_mib)
         try:
-            placement = choose(topo, work, req)
+            placement = choose(topo, work, req, policy=ask.choices.policy)
         except (NoFit, InvalidRequest):
             return f"container {need.name}: {_shortfall(work, ledger, allowed, req)}"
         work.assign(Allocation(key=f"pending/{need.index}", cards=placement.cards, cores=req.cores,
@@ -169,7 +169,11 @@ def _shortfall(work: Ledger, original: Ledger, allowed: tuple[bool, ...], req: R
         shareable = [work.cards[i] for i in usable if work.cards[i].healthy and work.cards[i].mode != "exclusive"]
         head = f"needs {req.cores} cores and {req.memory_mib} MiB on one card"
         if not shareable:
-            return f"{head}; no healthy card is shareable"
+            healthy = sum(1 for i in usable if work.cards[i].healthy)
+            if not healthy:
+                return f"{head}; no card is healthy"
+            whole = f"all {healthy} healthy cards are held whole" if healthy > 1 else "the healthy card is held whole"
+            return f"{head}; {whole} by whole-card pods"
         return (f"{head}; the best cards have {max(c.free_cores for c in shareable)} free cores and "
                 f"{max(c.free_memory_mib for c in shareable)} MiB free")
     free = sum(1 for i in usable if work.cards[i].healthy and work.cards[i].mode == "free")

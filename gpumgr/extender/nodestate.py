@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpumgr.allocator import Allocation, Ledger, LedgerError
+from gpumgr.choices import NO_CORDON, Cordon
+from gpumgr.devices.types import GPU
 from gpumgr.extender.claims import Claim
 from gpumgr.node_inventory import NodeGPUs
 from gpumgr.topology import Topology
@@ -36,6 +38,8 @@ class NodeState:
         self.on_change = on_change  # told the node's name whenever its ledger changes
         self._state: object = None
         self._mask: object = None
+        self.gpus: tuple[GPU, ...] = ()  # for per-pod UUID choices and the cordon
+        self.cordon: Cordon = NO_CORDON  # the node's gpumgr.io/cordoned-gpus, read
 
     # -- holdings -------------------------------------------------------------------------------------------
     def allocations(self, uid: str, claim: Claim) -> list[Allocation]:
@@ -138,12 +142,12 @@ def shape_of(gpus: NodeGPUs) -> tuple[object, ...]:
     """The interning key of a node's hardware."""
     inv = gpus.inventory
     return (inv.levels, tuple(g.name for g in inv.gpus), tuple(g.memory_mib for g in inv.gpus),
-            tuple(g.minor for g in inv.gpus), gpus.memory_unit_mib)
+            tuple(g.minor for g in inv.gpus), tuple(g.numa_node for g in inv.gpus), gpus.memory_unit_mib)
 
 
 def build_shape(ident: int, gpus: NodeGPUs) -> Shape:
     inv = gpus.inventory
-    return Shape(ident=ident, topology=Topology(inv.levels), models=tuple(g.name for g in inv.gpus),
+    return Shape(ident=ident, topology=Topology.of(inv), models=tuple(g.name for g in inv.gpus),
                  memory_mib=tuple(g.memory_mib for g in inv.gpus), unit_mib=gpus.memory_unit_mib,
                  index_of_minor={g.minor: g.index for g in inv.gpus})
 

@@ -19,6 +19,7 @@ import ssl
 from typing import Any
 
 from gpumgr import podspec
+from gpumgr.choices import ANN_CORDON
 from gpumgr.extender.binder import DEFAULT_SCHEDULER, Binder
 from gpumgr.extender.body import Limits
 from gpumgr.extender.cluster import ClusterView
@@ -79,7 +80,8 @@ class ExtenderServer:
         self._access = access
         view = self.view
         self._watchers = [
-            Watcher(access, "nodes", loop, _node_entry, lambda items: view.replace_nodes(dict(items)),
+            Watcher(access, "nodes", loop, _node_entry,
+                    lambda items: view.replace_nodes({e[0]: e[1] for e in items}, {e[0]: e[2] for e in items}),
                     lambda kind, e: view.remove_node(e[0]) if kind == "DELETED" else view.set_node(*e)),
             Watcher(access, "pods", loop, _gpu_pod, view.replace_pods,
                     lambda kind, pod: view.remove_pod(pod) if kind == "DELETED" else view.set_pod(pod)),
@@ -168,9 +170,10 @@ def normalize_prefix(prefix: str) -> str:
     return "" if p == "/" else p
 
 
-def _node_entry(node: dict[str, Any]) -> tuple[str, str | None]:
+def _node_entry(node: dict[str, Any]) -> tuple[str, str | None, str | None]:
     meta = node.get("metadata") or {}
-    return str(meta.get("name") or ""), (meta.get("annotations") or {}).get(podspec.ANN_NODE_INVENTORY)
+    ann = meta.get("annotations") or {}
+    return str(meta.get("name") or ""), ann.get(podspec.ANN_NODE_INVENTORY), ann.get(ANN_CORDON)
 
 
 def _gpu_pod(pod: dict[str, Any]) -> dict[str, Any] | None:

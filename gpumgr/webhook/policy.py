@@ -12,6 +12,7 @@ from typing import Any
 
 from gpumgr import podspec
 from gpumgr.allocator.request import HUNDRED, InvalidRequest, Request
+from gpumgr.choices import ChoiceError, pod_choices_of
 
 DEFAULT_SCHEDULER = "default-scheduler"
 MAX_CONTAINERS = 256  # containers plus init containers of one pod
@@ -52,6 +53,10 @@ def review_pod(pod: Mapping[str, Any], operation: str, scheduler_name: str, max_
         problem = _ask_problem(a, max_cards)
         if problem:
             return Verdict(denied=problem)
+    try:
+        pod_choices_of(pod)  # gpu-policy, gpu-uuid-select / -exclude: malformed is refused on every node
+    except ChoiceError as e:
+        return Verdict(denied=str(e))
     return _point_at(spec, scheduler_name)
 
 

@@ -69,7 +69,7 @@ async def test_a_bound_card_is_taken_for_the_next_pod(api: KubeApiServer, start_
 
     assert doc["NodeNames"] == []
     error = await ext.bind(second, "solo")
-    assert "no healthy card is shareable" in error
+    assert "the healthy card is held whole by whole-card pods" in error
     assert bound_to(api, "second") is None and podspec.ANN_PREDICATE_NODE not in annotations(api, "second")
 
 

@@ -62,7 +62,7 @@ async def test_model_selection_by_annotations(api: KubeApiServer, start_extender
     assert passed == ["a100"]
     assert "no card matches gpu-model a100,h100" in never["t4"] and "Tesla T4" in never["t4"]
     assert "mixed" in failed  # its A100 cards are taken: not now, not never
-    assert "the best cards" in failed["mixed"] or "no healthy card is shareable" in failed["mixed"]
+    assert "the best cards" in failed["mixed"] or "held whole by whole-card pods" in failed["mixed"]
 
     passed, failed, never = verdict(await ext.filter(args(no_t4, names)))
     assert passed == ["a100"] and "t4" in never and "mixed" in failed
