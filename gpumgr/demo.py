@@ -1,7 +1,9 @@
 """`gpumgr demo`: the whole system on a simulated 8-GPU node, in one process, with no GPU and no cluster.
 
-Kubernetes API test server, kubelet emulator, the node agent (with /metric), the scheduler extender and a
-kube-scheduler stand-in; then a scripted set of pods, printing the cards, holders and the tree at each step.
+Kubernetes API test server, kubelet emulator (device plugins and DRA), the node agent in `both` mode (device
+plugins and the DRA driver over one ledger, with /metric), the scheduler extender and kube-scheduler stand-ins;
+then a scripted set of pods, the last one a DRA pod whose ResourceClaim takes a share of a card, printing the
+cards, holders and the tree at each step.
 The NVML flavour (`nvml_lib`) runs the agent on the real nvidia-ml-py over the fake libnvidia-ml.so.1 of
 tests/fakes/libnvml, which simulates the same node; its faults are injected through that library.
 """
@@ -23,6 +25,7 @@ from typing import Any, TextIO
 from gpumgr import podspec
 from gpumgr.devices.spec import load_node_spec
 from gpumgr.devices.types import Inventory
+from gpumgr.dra.config import DRIVER_NAME
 from gpumgr.render import render_cards, render_tree
 from gpumgr.sim.node import Container, SimNode
 from gpumgr.sim.scheduler import SchedulerEmulator
@@ -42,6 +45,8 @@ class Demo:
         self.node: SimNode | None = None
         self.extender: Any = None
         self.scheduler: SchedulerEmulator | None = None
+        self.dra_kubelet: Any = None  # DraKubelet: the kubelet's DRA side (NodePrepareResources on dra.sock)
+        self.dra_scheduler: Any = None  # DraScheduler: kube-scheduler's structured-parameters allocation
         self.step_no = 0
 
     # -- output ---------------------------------------------------------------------------------------------
@@ -59,10 +64,11 @@ class Demo:
     def show(self, tree: bool = False) -> None:
         assert self.node and self.node.agent and self.node.agent.state
         st = self.node.agent.state
-        self.say(render_cards(st.ledger, st.inventory))
+        ledger = st.ledger
+        self.say(render_cards(ledger, st.inventory))
         if tree:
             self.say()
-            self.say(render_tree(st.topology, st.ledger, st.inventory))
+            self.say(render_tree(st.topology, ledger, st.inventory))
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -79,12 +85,13 @@ class Demo:
             self.progress(f"port {self.metrics_port} is taken: serving /metric on a free port instead")
             self.metrics_port = 0
         addr = f"127.0.0.1:{self.metrics_port}"
-        self.node = SimNode(self.workdir, inventory, node_name="demo-node", metrics_addr=addr)
+        self.node = SimNode(self.workdir, inventory, node_name="demo-node", metrics_addr=addr, extra=self._dra_extra())
         if self.nvml_backend is not None:
             self.node.backend = self.nvml_backend  # the agent reads the node through NVML
         await self.node.start(agent=False)
         self.progress("starting the node agent (device plugins vcore.sock / vmemory.sock, vDevice servers, /metric)")
         await self.node.start_agent()
+        await self._start_dra()
         self.progress("starting the scheduler extender and a kube-scheduler stand-in")
         self.extender = ExtenderServer(str(self.node.kubeconfig), policy="binpack", insecure=True,
                                        scheduler_name="default-scheduler")
@@ -93,6 +100,30 @@ class Demo:
         self.scheduler = SchedulerEmulator(f"http://127.0.0.1:{port}/gpumgr")
         await self._wait_extender_sees_node()
         self.progress(f"ready: node {self.node.node_name} with {inventory.count} x {inventory.gpus[0].name}")
+
+    def _dra_extra(self) -> dict[str, str]:
+        """The agent runs in `both` mode: device plugins and the DRA driver over one ledger (gpumgr run --mode both)."""
+        return {"mode": "both", "cdi_dir": str(self.workdir / "cdi"),
+                "dra_plugin_dir": str(self.workdir / "plugins" / DRIVER_NAME),
+                "plugins_registry_dir": str(self.workdir / "plugins_registry")}
+
+    async def _start_dra(self) -> None:
+        from gpumgr.sim.dra_scheduler import DraScheduler
+        from gpumgr.sim.kubelet.dra_kubelet import DraKubelet
+
+        assert self.node
+        extra = self.node.config.extra
+        self.progress(f"the agent also serves DRA (mode both): driver {DRIVER_NAME}, ResourceSlice, dra.sock; "
+                      "starting the kubelet's DRA side")
+        store = self.node.api.store
+        for dc in device_classes():
+            if store.get_object("deviceclasses", dc["metadata"]["name"]) is None:
+                store.create_object("deviceclasses", dc)
+        self.dra_kubelet = DraKubelet(Path(extra["plugins_registry_dir"]), [Path(extra["cdi_dir"])], store,
+                                      self.node.node_name)
+        await self.dra_kubelet.start()
+        await self.dra_kubelet.wait_driver(DRIVER_NAME, timeout=30)
+        self.dra_scheduler = DraScheduler(store)
 
     def _start_nvml(self, inventory: Inventory, lib: Path) -> Inventory:
         """The fake library simulates the demo node; the agent's backend is the real NVML one over it."""
@@ -133,6 +164,8 @@ class Demo:
     async def stop(self) -> None:
         if self.extender is not None:
             await self.extender.stop()
+        if self.dra_kubelet is not None:
+            await self.dra_kubelet.stop()
         if self.node is not None:
             await self.node.stop()
         if self.nvml_backend is not None:
@@ -207,7 +240,79 @@ class Demo:
         await self._wait(lambda: not any(a.meta.get("pod") == "train"
                                          for a in self.node.agent.state.ledger.allocations.values()))  # type: ignore
         self.show()
+
+        self.step("a DRA pod next to them: its ResourceClaim takes a share of a card from the same ledger")
+        await self.submit_dra("dra-infer", memory="4Gi", cores=30)
+        self.show()
         await self._print_metrics()
+
+    async def submit_dra(self, name: str, memory: str, cores: int, namespace: str = "default") -> bool:
+        """A pod with one ResourceClaim (from a template, one per pod, as fractional claims must be): the
+        scheduler stand-in allocates it from the node's ResourceSlice, the kubelet's DRA side prepares it through
+        the agent's dra.sock; then the claim's allocation and the limits file of its vDevice directory."""
+        from gpumgr.dra import quantity
+        from gpumgr.dra.preparer import claim_keys, vdevice_key
+        from gpumgr.dra.slices import device_index
+        from gpumgr.sim.dra_scheduler import Unschedulable
+        from gpumgr.sim.kubelet.dra_kubelet import DraPrepareError
+        from gpumgr.vdevice.limits import Limits
+
+        assert self.node and self.node.agent and self.node.agent.state and self.node.agent.dra
+        assert self.dra_scheduler and self.dra_kubelet
+        store = self.node.api.store
+        template = f"{name}-share"
+        store.create_object("resourceclaimtemplates", {"metadata": {"name": template}, "spec": {"spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": SHARED_CLASS, "capacity": {"requests": {
+                "memory": memory, "cores": str(cores)}}}}]}}}}, namespace)
+        store.create_pod({"metadata": {"name": name, "namespace": namespace}, "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}]}})
+        self.say(f"pod {name} asks a ResourceClaim (template {template}, DeviceClass {SHARED_CLASS}): "
+                 f"memory: {memory}, cores: {cores}")
+        await self._wait(self._slice_is_current)  # the slice shows what the device-plugin pods leave
+        try:
+            self.dra_scheduler.schedule_pod(namespace, name, [self.node.node_name])
+        except Unschedulable as e:
+            self.say(f"  -> not scheduled: {e}")
+            return False
+        pod = store.get_pod(namespace, name)
+        assert pod is not None
+        claim_name = self.dra_scheduler.claim_names(pod)["gpu"]
+        claim = store.get_object("resourceclaims", claim_name, namespace)
+        assert claim is not None
+        uid = claim["metadata"]["uid"]
+        try:
+            running = await self.dra_kubelet.run_pod(namespace, name)
+        except DraPrepareError as e:
+            self.say(f"  -> the kubelet could not prepare claim {namespace}/{claim_name}: {e}")
+            return False
+        cdi_ids = [i for d in running.devices.get(uid, []) for i in d.cdi_device_ids]
+        results = claim["status"]["allocation"]["devices"]["results"]
+        for r in results:
+            used = r.get("consumedCapacity") or {}
+            self.say(f"  -> claim {namespace}/{claim_name} allocated: card {device_index(r['device'])} "
+                     f"({r['device']}), consumed memory {used.get('memory', 'all')}, cores {used.get('cores', 'all')};"
+                     f" CDI device {', '.join(cdi_ids)}")
+        limits_file = self.node.agent.dra.preparer.layout.dir_for(vdevice_key(uid)) / "limits"
+        limits = Limits.parse(limits_file.read_text())
+        want_bytes = sum(quantity.parse_int((r.get("consumedCapacity") or {}).get("memory", 0)) for r in results)
+        want_cores = max((quantity.parse_int((r.get("consumedCapacity") or {}).get("cores", 0)) for r in results),
+                         default=0)
+        got_bytes = sum(d.memory_limit_bytes for d in limits.devices)
+        same = "= the claim's consumed capacity" if (got_bytes, limits.core_limit) == (want_bytes, want_cores) \
+            else f"!= the claim's consumed capacity ({want_bytes} bytes, {want_cores} cores)"
+        keys = ", ".join(claim_keys(self.node.agent.state.ledger, uid))
+        self.say(f"  -> prepared through dra.sock, ledger {keys}; shim limits file {limits_file.parent.name}/limits: "
+                 f"memory_limit {got_bytes} bytes ({got_bytes // 2**20} MiB), core_limit {limits.core_limit} {same}")
+        return True
+
+    def _slice_is_current(self) -> bool:
+        """The node's ResourceSlice in the API shows what the ledger leaves to claims now."""
+        assert self.node and self.node.agent and self.node.agent.dra
+        wanted = self.node.agent.dra.publisher.wanted(0)["devices"]
+        published = [d for s in self.node.api.store.list_resource("resourceslices")
+                     if (s.get("spec") or {}).get("driver") == DRIVER_NAME for d in s["spec"].get("devices") or []]
+        return bool(wanted) and published == wanted
 
     async def _wait(self, cond: Callable[[], bool], timeout: float = 10.0) -> None:
         loop = asyncio.get_running_loop()
@@ -236,6 +341,17 @@ class Demo:
             self.say(f"Prometheus metrics: {url}   (also /graph, /usage)")
         else:
             self.say(f"Prometheus metrics: {url}   (also /graph, /usage; try `gpumgr status --addr {base}`)")
+
+
+SHARED_CLASS = "vgpu.gpumgr.io"  # shares: claims ask capacity memory / cores
+WHOLE_CLASS = "gpu.gpumgr.io"  # whole cards: claims ask no capacity and take the defaults (all of it)
+
+
+def device_classes() -> list[dict[str, Any]]:
+    """The two DeviceClasses the chart installs when DRA is enabled (docs/dra.md)."""
+    selector = [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]
+    return [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": cls},
+             "spec": {"selectors": selector}} for cls in (SHARED_CLASS, WHOLE_CLASS)]
 
 
 def _port_free(port: int) -> bool:

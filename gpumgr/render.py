@@ -60,9 +60,12 @@ LEVEL_LEGEND = ("best to worst: NV# (# bonded NVLinks, more is better), PIX (one
 
 
 def holder_name(ledger: Ledger, key: str) -> str:
-    """`namespace/pod/container` of an allocation when known (with `?` while unverified), else its key."""
+    """`namespace/pod/container` of an allocation when known (with `?` while unverified), `claim namespace/name`
+    for a DRA claim's holding, else its key."""
     alloc = ledger.allocations.get(key)
     meta = alloc.meta if alloc else {}
+    if meta.get("claim"):  # a DRA claim's holding: the claim is the holder (its pods share it)
+        return f"claim {meta['claim']}"
     if not meta.get("pod"):
         return key
     mark = "" if meta.get("verified") == "true" else "?"

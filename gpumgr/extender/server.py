@@ -30,6 +30,7 @@ from gpumgr.extender.slim import slim_pod
 from gpumgr.extender.tls import requires_client_certs
 from gpumgr.extender.watcher import Watcher
 
+BUSY_BODY = b'{"Error":"the gpumgr extender has too many open connections; try again"}'
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "/gpumgr"
@@ -71,7 +72,7 @@ class ExtenderServer:
     async def start(self, host: str = "0.0.0.0", port: int = 3456) -> int:
         """Start the watches and the HTTP(S) server (and the probe server); returns the port listened on."""
         from gpumgr.extender.handlers import build_app, build_probe_app
-        from gpumgr.extender.site import CappedSite
+        from gpumgr.httpsite import CappedSite
 
         if self._runner is not None:
             raise RuntimeError("the extender is already started")
@@ -96,13 +97,13 @@ class ExtenderServer:
             runner = await _runner(app, self.limits)
             runners.append(runner)
             site = CappedSite(runner, host, port, max_connections=self.limits.max_connections,
-                              handshake_timeout=self.limits.header_timeout, ssl_context=self.tls)
+                              handshake_timeout=self.limits.header_timeout, ssl_context=self.tls, busy_body=BUSY_BODY)
             await site.start()
             if self.probe is not None:
                 probe_runner = await _runner(build_probe_app(view), self.limits)
                 runners.append(probe_runner)
                 probe_site = CappedSite(probe_runner, self.probe[0], self.probe[1], max_connections=16,
-                                        handshake_timeout=self.limits.header_timeout)
+                                        handshake_timeout=self.limits.header_timeout, busy_body=BUSY_BODY)
                 await probe_site.start()
                 self.probe_port = probe_site.port
         except BaseException:

@@ -27,6 +27,7 @@ from typing import Any
 from gpumgr.webhook.policy import MAX_CARDS, review_pod
 from gpumgr.webhook.review import BadReview, decode, parse_review, response
 
+BUSY_BODY = b'{"error":"the gpumgr webhook has too many open connections; try again"}'
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a Pod is at most ~1.5 MiB in etcd; object and oldObject together fit
@@ -62,7 +63,7 @@ class WebhookServer:
         """Listen; returns the port listened on."""
         from aiohttp import web
 
-        from gpumgr.webhook.site import LimitedSite
+        from gpumgr.httpsite import CappedSite
 
         if self._runner is not None:
             raise RuntimeError("the webhook is already started")
@@ -75,8 +76,9 @@ class WebhookServer:
                                lingering_time=1.0)
         await runner.setup()
         try:
-            site = LimitedSite(runner, host, port, max_connections=self.max_connections,
-                               handshake_timeout=self.header_timeout, ssl_context=self.ssl_context)
+            site = CappedSite(runner, host, port, max_connections=self.max_connections,
+                              handshake_timeout=self.header_timeout, ssl_context=self.ssl_context,
+                              busy_body=BUSY_BODY)
             await site.start()
         except BaseException:
             await runner.cleanup()
