@@ -122,7 +122,7 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
             restore.append(replace(a, reserve=True, meta={k: v for k, v in a.meta.items() if k != "rides_on"}))
     if restore:
         def apply(ledger: Ledger) -> None:
-            report.conflicts = apply_truths(ledger, restore, owners)
+            report.conflicts = [why for _, why in apply_truths(ledger, restore, owners)]
             report.restored = len(restore) - len(report.conflicts)
 
         await state.commit(apply)

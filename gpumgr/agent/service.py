@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,6 +39,9 @@ log = logging.getLogger("gpumgr.agent")
 CANDIDATE_WAIT_S = 5.0  # how long Allocate waits for the pending pod to show up in the API
 WATCH_LAG_S = 0.3  # how long Allocate waits for the pod watch before listing pods live
 OWNER_WAIT_S = 3.0  # how long PreStart waits for the kubelet checkpoint to name the owner
+PRESTART_LIST_S = 10.0  # how long PreStart waits for a live pod list (its whole work stays well under 30 s)
+FAIL_ATTEMPTS, FAIL_RETRY_S = 4, 0.5  # marking a pod Failed: attempts, and the first pause between them
+FAILING_KEPT = 1024  # pods decided to fail at PreStart that are remembered (their later PreStarts are refused)
 MEMORY_HINT_S = 10.0  # a vcuda-memory Allocate tells the next vcuda-core Allocate its memory for this long
 NAMELESS_GRACE_S = 5.0  # an allocation made for no known pod is not judged dead before this age
 FAIL_REASON = "GPUAllocationUnfit"  # pod condition and event reason when a pod is failed at PreStart
@@ -94,6 +98,7 @@ class AllocationService:
         self.cordon: Callable[[], Cordon] = lambda: NO_CORDON  # the node's cordon; the daemon sets its watch
         self.unsafe_refusals = 0  # Allocates refused because any answer could strand the pod being admitted
         self.prestart_failures = 0  # pods failed at PreStart because they could not be made to fit
+        self._failing: OrderedDict[str, str] = OrderedDict()  # uid -> why, of pods failed at PreStart
 
     # -- ListAndWatch ---------------------------------------------------------------------------------------
     def devices(self, kind: str) -> list[pb.Device]:
@@ -211,8 +216,8 @@ class AllocationService:
             dead = await self._dead_holders([existing], ckpt)
             if not dead:
                 app = self._app_reusing(existing, ckpt, cores)
-                if app is None:  # the kubelet asking again for the same IDs: same answer
-                    return self._response(existing), False
+                if app is None:  # the kubelet asking again for the same IDs: same answer, minus an unconfirmed
+                    return self._response(_unconfirmed(existing)), False  # memory (it may be another pod's)
                 return await self._hand_on(existing, app), False
         shim = vdriver.shim_path(Path(self.config.response.shim_dir))
         if cores < 100 and not shim.is_file():
@@ -405,14 +410,49 @@ class AllocationService:
     async def _settle(self, ckpt: KubeletCheckpoint | None) -> None:
         """Guesses the kubelet checkpoint already names the owner of (admitted, not yet started) take that owner
         and its own memory now, so that what they reserved for the other pods they could have been is free for
-        the next admission. They stay unverified until their PreStartContainer."""
+        the next admission. They stay unverified until their PreStartContainer. What to change is decided on the
+        ledger inside the commit (never on a snapshot a concurrent change may have made stale)."""
         if ckpt is None:
             return
-        ledger = self.state.ledger
         listed: dict[str, list[tuple[str, str]]] = {}
         for e in ckpt.entries:
             if e.resource_name == podspec.RESOURCE_CORE:
                 listed.setdefault(allocation_key(e.device_ids), []).append((e.pod_uid, e.container_name))
+        recorded = set(listed)
+        seen = dict(self.state.ledger.allocations)  # (as the checkpoint was read: only these may be evicted)
+        planned = self._settle_truths(self.state.ledger, ckpt, listed)
+        if not planned:
+            return  # nothing to settle: no checkpoint write
+        dead: list[Allocation] = []
+        if apply_truths(self.state.ledger.copy(), planned, recorded, seen):  # holders the kubelet let go may be
+            dead = await self._dead_holders(self._holders_on(None, skip=[]), ckpt)  # in the way
+        tried: list[Allocation] = []
+
+        def settle(ledger: Ledger) -> list[tuple[str, str]]:
+            for d in dead:  # holders the kubelet let go, of gone pods: their room is free before settling
+                if ledger.held_by(d.key) == d:
+                    ledger.release(d.key)
+            tried[:] = self._settle_truths(ledger, ckpt, listed)
+            return apply_truths(ledger, tried, recorded, seen)
+
+        conflicts = await self.state.commit(settle)
+        for d in dead:
+            if self.state.ledger.held_by(d.key) is None:
+                await self.vdevices.stop(d.key)
+        log.info("allocate: the kubelet checkpoint names the owners of %d guessed allocation(s); settled (%d "
+                 "conflicts)", len(tried), len(conflicts))
+        by_key = {t.key: t for t in tried}
+        for k, why in conflicts:
+            # the kubelet admitted a container where it cannot run: fail its pod now rather than at its start
+            t = by_key[k]
+            pod = self.pods.get(t.meta.get("pod_uid", ""))
+            if pod is not None:
+                await self._fail_pod(pod, t.meta.get("container", "?"), t.key,
+                                     f"does not fit on cards {list(t.cards)}: {why}")
+
+    def _settle_truths(self, ledger: Ledger, ckpt: KubeletCheckpoint,
+                       listed: dict[str, list[tuple[str, str]]]) -> list[Allocation]:
+        """The owners the kubelet names for the unverified reserving guesses of `ledger`, with their own memory."""
         truths: list[Allocation] = []
         for k, owners in listed.items():
             have = ledger.held_by(k)
@@ -434,22 +474,7 @@ class AllocationService:
             riders = [a.memory_mib for a in ledger.allocations.values() if a.meta.get("rides_on") == k]
             truths.append(replace(truth, memory_mib=max([truth.memory_mib, *riders]) if ask.cores < 100 else 0,
                                   meta={m: v for m, v in meta.items() if v}))
-        if not truths:
-            return
-        recorded = set(listed)
-
-        def settle(ledger: Ledger) -> list[str]:
-            return apply_truths(ledger, truths, recorded)
-
-        conflicts = await self.state.commit(settle)
-        log.info("allocate: the kubelet checkpoint names the owners of %d guessed allocation(s); settled (%d "
-                 "conflicts)", len(truths), len(conflicts))
-        for t, why in zip([t for t in truths if self.state.ledger.held_by(t.key) != t], conflicts, strict=False):
-            # the kubelet admitted a container where it cannot run: fail its pod now rather than at its start
-            pod = self.pods.get(t.meta.get("pod_uid", ""))
-            if pod is not None:
-                await self._fail_pod(pod, t.meta.get("container", "?"), t.key,
-                                     f"does not fit on cards {list(t.cards)}: {why}")
+        return truths
 
     async def _kubelet_checkpoint_or_none(self) -> KubeletCheckpoint | None:
         try:
@@ -485,7 +510,11 @@ class AllocationService:
             primary = replace(base, memory_mib=max(alloc.memory_mib, base.memory_mib) if base.cores < 100 else 0)
             rider = replace(alloc, reserve=False, meta={**alloc.meta, "rides_on": base.key})
         else:
-            return lambda ledger: ledger.assign(alloc)
+            def partial(ledger: Ledger) -> None:
+                free_dead(ledger)
+                ledger.assign(alloc)
+
+            return partial
         log.info("allocate: %s reuses the devices of %s (same pod): one reservation for both", alloc.key, base.key)
 
         def change(ledger: Ledger) -> None:
@@ -597,30 +626,38 @@ class AllocationService:
         cards, cores = self._check_core_ids(device_ids)
         key = allocation_key(device_ids)
         uid, container, ckpt = await self._owner(device_ids)
+        seen = dict(self.state.ledger.allocations)  # (as the checkpoint was read: only these may be evicted)
         pod = self.pods.get(uid)
         if pod is None:
-            await self._refresh_quietly()
+            await self._refresh_quietly(PRESTART_LIST_S)
             pod = self.pods.get(uid)
         if pod is None:
             raise PluginError.precondition(f"pod {uid} (owner of these devices per the kubelet) is not on node "
                                            f"{self.state.node_name} in the API", "no_pod")
+        meta = pod["metadata"]
         phase = (pod.get("status") or {}).get("phase")
         if phase in ("Failed", "Succeeded"):
-            raise PluginError.precondition(f"pod {pod['metadata'].get('namespace')}/{pod['metadata'].get('name')} "
+            self._failing.pop(uid, None)  # terminal: the phase refuses from now on
+            raise PluginError.precondition(f"pod {meta.get('namespace')}/{meta.get('name')} "
                                            f"is {phase} ({(pod.get('status') or {}).get('message', '')}); its "
                                            "containers are not started", "finished")
+        if uid in self._failing:  # decided before (its Failed status may not have been written): refuse again
+            raise PluginError.precondition(f"pod {meta.get('namespace')}/{meta.get('name')} was failed at "
+                                           f"PreStartContainer: {self._failing[uid]}", "failing")
         try:
-            await self._verify(pod, container, cards, device_ids, key, ckpt)
+            await self._verify(pod, container, cards, device_ids, key, ckpt, seen)
         except PluginError as e:
             if e.reason == "no_fit":  # it would fail at every retry: fail the pod so that its owner recreates it
                 await self._fail_pod(pod, container, key, e.message)
-            else:
+            elif e.reason != "failing":  # (that one was told once, when the pod was failed)
                 self._background(self._warn(pod, "GPUPreStartFailed", e.message))
             raise
 
     async def _fail_pod(self, pod: Mapping[str, Any], container: str, key: str, why: str) -> None:
         """A container that can never be given what it asks: the pod is marked Failed with a condition and an event
-        that say why and what to do, and everything the pod holds is freed."""
+        that say why and what to do (in the background), its later PreStarts are refused, and what it holds that
+        no started container uses is freed: `key` and the pod's other unverified allocations. Verified ones belong
+        to containers that are running; reconcile frees them once the pod is really terminal."""
         self.prestart_failures += 1
         meta = pod["metadata"]
         uid = str(meta["uid"])
@@ -628,55 +665,75 @@ class AllocationService:
                    "(its controller recreates it) so that it is admitted again where it fits")
         log.error("prestart: failing pod %s/%s: %s (failures so far: %d)", meta.get("namespace"), meta.get("name"),
                   message, self.prestart_failures)
+        self._failing[uid] = message
+        while len(self._failing) > FAILING_KEPT:
+            self._failing.popitem(last=False)
         mine = [a.key for a in self.state.ledger.allocations.values()
-                if (a.meta.get("pod_uid") == uid or a.key == key) and not is_claim(a)]
-        await self.release(mine, "its pod was failed at PreStartContainer")
+                if (a.meta.get("pod_uid") == uid or a.key == key) and not is_claim(a)
+                and a.meta.get("verified") != "true"]
+        await self.release(mine, "its pod was failed at PreStartContainer", unverified_only=True)
         if self.annotator is not None:
+            self._background(self._mark_failed(pod, message))
+
+    async def _mark_failed(self, pod: Mapping[str, Any], message: str) -> None:
+        """The event, then the Failed status (retried a few times: until it is written, the pod's containers that
+        were started keep running and their shares stay held)."""
+        meta = pod["metadata"]
+        if self.annotator is None:
+            return
+        try:
             async with self._api_slots:
                 await self.annotator.record_event(pod, FAIL_REASON, message)
-                try:
+        except Exception as e:  # noqa: BLE001 - the refusal still tells the kubelet
+            log.warning("could not record the event of failing pod %s/%s: %s", meta.get("namespace"),
+                        meta.get("name"), e)
+        for attempt in range(FAIL_ATTEMPTS):
+            try:
+                async with self._api_slots:
                     await self.annotator.fail_pod(str(meta.get("namespace", "default")), str(meta["name"]),
                                                   FAIL_REASON, message)
-                except Exception as e:  # noqa: BLE001 - the event and the refusal still tell the user
-                    log.warning("could not mark pod %s/%s Failed: %s", meta.get("namespace"), meta.get("name"), e)
+                return
+            except Exception as e:  # noqa: BLE001 - its PreStarts are refused all the same
+                log.warning("could not mark pod %s/%s Failed (attempt %d of %d): %s", meta.get("namespace"),
+                            meta.get("name"), attempt + 1, FAIL_ATTEMPTS, e)
+            await asyncio.sleep(FAIL_RETRY_S * 2 ** attempt)
 
     async def _verify(self, pod: Mapping[str, Any], container: str, cards: tuple[int, ...],
-                      device_ids: list[str], key: str, ckpt: KubeletCheckpoint) -> None:
+                      device_ids: list[str], key: str, ckpt: KubeletCheckpoint,
+                      seen: Mapping[str, Allocation]) -> None:
         cores = len(device_ids)
-        uid = str(pod["metadata"]["uid"])
         ask = binding.find_container(pod, container)
         if ask is None or ask.cores != cores:
             raise PluginError.precondition(
-                f"pod {uid} container {container} does not ask vcuda-core={cores} (asks "
+                f"pod {pod['metadata']['uid']} container {container} does not ask vcuda-core={cores} (asks "
                 f"{ask.cores if ask else 0})", "mismatch")
         meta = pod["metadata"]
+        uid = str(meta["uid"])
         cand = binding.Candidate(pod=pod, ask=ask, recorded=None, order=())
-        truth = self._allocation_for(cand, cards, key, verified=True, ids=device_ids)
+        first = self._allocation_for(cand, cards, key, verified=True, ids=device_ids)
+        truth = self._verified(self.state.ledger, first)
         current = self.state.ledger.held_by(key)
-        if current is not None and _identity(current) == _identity(truth):
-            # the guess was right: keep its reservation if a reusing container rides on it, else shrink what was
-            # reserved for the other pods it could have been to the container's own ask; mark it verified
-            riders = [a.memory_mib for a in self.state.ledger.allocations.values() if a.meta.get("rides_on") == key]
-            memory = max([truth.memory_mib, *riders]) if current.reserve and cores < 100 else current.memory_mib
-            truth = replace(current, memory_mib=memory, meta={
-                **{k: v for k, v in current.meta.items() if k != "guess_of"}, "verified": "true"})
-        if current is None or current != truth:
+        if current != truth:
             if current is not None and _identity(current) != _identity(truth):
                 log.warning("prestart: allocation %s was guessed for %s/%s container %s; the kubelet says %s/%s "
                             "container %s: repaired before any limit was written", key, current.meta.get("namespace"),
                             current.meta.get("pod"), current.meta.get("container"), meta.get("namespace"),
                             meta.get("name"), container)
-
-            # the same checkpoint also names the owners of the other guesses: correct them in the same step, so
-            # that two swapped guesses on a full card repair each other
-            truths = [truth, *self._corrected_guesses(ckpt, skip=key)]
             recorded = {allocation_key(e.device_ids) for e in ckpt.entries if e.resource_name == podspec.RESOURCE_CORE}
-            conflicts: list[str] = []
+            made: list[Allocation] = []
 
-            def repair(ledger: Any) -> None:
-                conflicts[:] = apply_truths(ledger, truths, recorded)
-                if ledger.held_by(key) != truth:
-                    raise LedgerError(conflicts[0] if conflicts else "no room")
+            def repair(ledger: Ledger) -> None:
+                # decided on the ledger being changed, not on the one read before waiting for the lock
+                want = self._verified(ledger, first)
+                made[:] = [want]
+                if ledger.held_by(key) == want:
+                    return
+                # the same checkpoint also names the owners of the other guesses: correct them in the same step,
+                # so that two swapped guesses on a full card repair each other
+                conflicts = apply_truths(ledger, [want, *self._corrected_guesses(ckpt, key, ledger)], recorded,
+                                         seen)
+                if ledger.held_by(key) != want:
+                    raise LedgerError(next((why for k, why in conflicts if k == key), "no room"))
 
             try:
                 await self.state.commit(repair)
@@ -684,20 +741,34 @@ class AllocationService:
                 raise PluginError.precondition(f"pod {meta.get('namespace')}/{meta.get('name')} container "
                                                f"{container} does not fit on cards {list(cards)}: {e}",
                                                "no_fit") from None
+            truth = made[0]
         limits = self.limits_for(truth, pod)
         await self.vdevices.start(key, limits, self.bus_ids(truth))
         log.info("prestart: pod %s/%s container %s verified on cards %s (key %s)", meta.get("namespace"),
                  meta.get("name"), container, list(cards), key)
         self.schedule_annotations(uid)
 
-    def _corrected_guesses(self, ckpt: KubeletCheckpoint, skip: str) -> list[Allocation]:
+    @staticmethod
+    def _verified(ledger: Ledger, truth: Allocation) -> Allocation:
+        """What `ledger` should hold for the verified container `truth`: when its guess was right, the guess keeps
+        its reservation if a reusing container rides on it, else shrinks what was reserved for the other pods it
+        could have been to the container's own ask; marked verified."""
+        current = ledger.held_by(truth.key)
+        if current is None or _identity(current) != _identity(truth):
+            return truth
+        riders = [a.memory_mib for a in ledger.allocations.values() if a.meta.get("rides_on") == truth.key]
+        memory = max([truth.memory_mib, *riders]) if current.reserve and truth.cores < 100 else current.memory_mib
+        return replace(current, memory_mib=memory, meta={
+            **{k: v for k, v in current.meta.items() if k != "guess_of"}, "verified": "true"})
+
+    def _corrected_guesses(self, ckpt: KubeletCheckpoint, skip: str, ledger: Ledger) -> list[Allocation]:
         """Unverified allocations whose owner, per the kubelet checkpoint, is not the pod guessed at Allocate."""
         out = []
         for e in ckpt.entries:
             if e.resource_name != podspec.RESOURCE_CORE:
                 continue
             k = allocation_key(e.device_ids)
-            have = self.state.ledger.held_by(k)
+            have = ledger.held_by(k)
             if k == skip or have is None or have.meta.get("verified") == "true":
                 continue
             pod = self.pods.get(e.pod_uid)
@@ -731,8 +802,7 @@ class AllocationService:
 
     async def kubelet_checkpoint(self) -> KubeletCheckpoint:
         """The kubelet's checkpoint (read off the event loop, parsed again only when the file changed)."""
-        return await asyncio.get_running_loop().run_in_executor(
-            None, self._read_kubelet_checkpoint, self.config.kubelet_checkpoint)
+        return await self.state.run_io(self._read_kubelet_checkpoint, self.config.kubelet_checkpoint)
 
     def _read_kubelet_checkpoint(self, path: Path) -> KubeletCheckpoint:
         try:
@@ -817,14 +887,24 @@ class AllocationService:
             await asyncio.gather(*list(self._annotate_tasks), return_exceptions=True)
 
     # -- releasing ------------------------------------------------------------------------------------------
-    async def release(self, keys: list[str], why: str) -> list[Allocation]:
-        """Free allocations (one checkpoint write) and stop their vDevice servers."""
+    async def release(self, keys: list[str], why: str, unverified_only: bool = False) -> list[Allocation]:
+        """Free allocations (one checkpoint write) and stop their vDevice servers. `unverified_only`: never free a
+        verified one (a started container's), and a container riding on a freed reservation reserves again."""
         held = [k for k in keys if self.state.ledger.held_by(k) is not None]
         if not held:
             return []
 
-        def free(ledger: Any) -> list[Allocation]:
-            return [a for a in (ledger.release(k) for k in held) if a is not None]
+        def free(ledger: Ledger) -> list[Allocation]:
+            out = []
+            for k in held:
+                a = ledger.held_by(k)
+                if a is None or (unverified_only and a.meta.get("verified") == "true"):
+                    continue
+                ledger.release(k)
+                out.append(a)
+            if unverified_only:
+                _reserve_again(ledger, {a.key for a in out})
+            return out
 
         freed: list[Allocation] = await self.state.commit(free)
         for a in freed:
@@ -837,15 +917,35 @@ class AllocationService:
         await self.release([allocation_key(device_ids)], "rolled back with the rest of its Allocate call")
 
     # -- helpers --------------------------------------------------------------------------------------------
-    async def _refresh_quietly(self) -> None:
+    async def _refresh_quietly(self, timeout: float | None = None) -> None:
         try:
-            await self.pods.refresh()
+            await asyncio.wait_for(self.pods.refresh(), timeout)
         except Exception as e:  # noqa: BLE001
             log.warning("listing pods failed: %s", e)
 
     def _observe(self, t0: float, ok: bool, reason: str = "") -> None:
         if self.events is not None:
             self.events.observe_allocate(time.perf_counter() - t0, ok, reason)
+
+
+def _unconfirmed(a: Allocation) -> Allocation:
+    """`a` without the memory its first answer named, unless a PreStart verified its owner."""
+    if a.meta.get("verified") == "true" or "answered_memory_mib" not in a.meta:
+        return a
+    return replace(a, meta={k: v for k, v in a.meta.items() if k != "answered_memory_mib"})
+
+
+def _reserve_again(ledger: Ledger, freed: set[str]) -> None:
+    """Containers that rode on a freed reservation reserve their own memory again (it fits: the freed one
+    reserved at least as much on the same cards)."""
+    for r in list(ledger.allocations.values()):
+        if not r.reserve and r.meta.get("rides_on") in freed:
+            ledger.release(r.key)
+            alone = replace(r, reserve=True, meta={k: v for k, v in r.meta.items() if k != "rides_on"})
+            try:
+                ledger.assign(alone, check_health=False)
+            except LedgerError:
+                ledger.assign(r, check_health=False)
 
 
 def memory_of_units(cand: binding.Candidate, unit_mib: int) -> int:

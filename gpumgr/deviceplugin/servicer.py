@@ -50,6 +50,9 @@ class PluginServicer(pb_grpc.DevicePluginServicer):
                     pb.ContainerPreferredAllocationResponse(deviceIDs=await self.service.preferred(self.kind, creq)))
         except PluginError as e:
             await context.abort(e.code, f"{self.resource}: {e.message}")
+        except Exception as e:  # noqa: BLE001 - never a traceback to the kubelet
+            log.error("%s: GetPreferredAllocation failed: %s: %s", self.resource, type(e).__name__, e)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: internal error: {type(e).__name__}")
         return out
 
     async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:  # noqa: N802

@@ -221,6 +221,7 @@ async def test_a_pod_that_cannot_fit_at_prestart_is_failed_clearly_and_frees_wha
                     pb.PreStartContainerRequest(devices_ids=ids), timeout=10)
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "does not fit" in e.value.details()
         assert st.ledger.held_by(key) is None
+        await svc.drain()  # the pod is marked Failed in the background, once the ledger change is committed
         pod = node.pod("big")
         assert pod["status"]["phase"] == "Failed"
         cond = [c for c in pod["status"]["conditions"] if c["type"] == "gpumgr.io/GPUAllocated"]
