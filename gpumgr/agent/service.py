@@ -53,6 +53,7 @@ class PodSource(Protocol):
     def get(self, uid: str) -> dict[str, Any] | None: ...
     async def refresh(self) -> None: ...
     async def live_uids(self) -> set[str] | None: ...
+    def known_finished(self, uid: str) -> bool: ...
 
 
 class Annotator(Protocol):
@@ -402,10 +403,16 @@ class AllocationService:
                  and (a.meta.get("pod_uid") or now - float(a.meta.get("created", "0") or 0) > NAMELESS_GRACE_S)]
         if not maybe:
             return []
+        # the watch's own word (deleted, or Succeeded/Failed) is final; only a pod merely missing from the cache
+        # needs a fresh list (the cache may lag), which costs a list of every pod on the node
+        certain = [a for a in maybe if a.meta.get("pod_uid") and self.pods.known_finished(a.meta["pod_uid"])]
+        unsure = [a for a in maybe if a not in certain]
+        if not unsure:
+            return certain
         live = await self.pods.live_uids()
         if live is None:
-            return []
-        return [a for a in maybe if a.meta.get("pod_uid", "") not in live]
+            return certain
+        return certain + [a for a in unsure if a.meta.get("pod_uid", "") not in live]
 
     async def _settle(self, ckpt: KubeletCheckpoint | None) -> None:
         """Guesses the kubelet checkpoint already names the owner of (admitted, not yet started) take that owner

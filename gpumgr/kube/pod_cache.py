@@ -65,6 +65,15 @@ class PodCache:
                 pod = next((p for p in self._pods.values() if mirror_of(p) == uid), None)
             return pod
 
+    def known_finished(self, uid: str) -> bool:
+        """True when the cache itself is proof that the pod holds no devices any more: the watch saw it deleted (a
+        UID never comes back), or its phase is Succeeded or Failed (phases never go back). False says nothing."""
+        with self._lock:
+            if uid in self._tombstones:
+                return True
+            pod = self._pods.get(uid)
+        return pod is not None and (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
     async def refresh(self) -> None:
         """A live list now (the watch may lag behind a pod that was just bound here). Merged in, never replacing:
         an answer that took long may be older than what the watch has already delivered."""
