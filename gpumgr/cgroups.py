@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpumgr.podspec import ascii_uint
+
 DEFAULT_ROOT = "/sys/fs/cgroup"
 V1_HIERARCHIES = ("memory", "pids", "cpu,cpuacct", "cpuacct,cpu", "cpuacct", "cpu")
 QOS_LEVELS = ("guaranteed", "burstable", "besteffort")
@@ -78,7 +80,7 @@ def read_pids(directory: Path) -> list[int]:
                         text = f.read()
                 except FileNotFoundError:
                     continue
-                found.update(int(tok) for tok in text.split() if tok.isdigit())
+                found.update(n for n in (ascii_uint(tok, 10) for tok in text.split()) if n is not None)
             elif e.is_dir(follow_symlinks=False):
                 stack.append(e.path)
     return sorted(found)

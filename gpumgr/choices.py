@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from gpumgr.podspec import ascii_uint
+
 ANN_POLICY = "gpumgr.io/gpu-policy"
 ANN_UUID_SELECT = "gpumgr.io/gpu-uuid-select"
 ANN_UUID_EXCLUDE = "gpumgr.io/gpu-uuid-exclude"
@@ -164,8 +166,8 @@ def resolve_cordon(text: str, gpus: Sequence[GPULike]) -> frozenset[int]:
     by_uuid = {g.uuid.lower(): g.index for g in gpus}
     out: set[int] = set()
     for i, entry in enumerate(_entries(ANN_CORDON, text, _CORDON_FIX)):
-        if entry.isascii() and entry.isdigit():
-            index = int(entry)
+        index = ascii_uint(entry, MAX_ENTRY_CHARS)
+        if index is not None:
             if index >= len(gpus):
                 raise ChoiceError(f"annotation {ANN_CORDON}: entry {i + 1} is card {index}, but the node has "
                                   f"{len(gpus)} card(s) (0..{len(gpus) - 1}); give {_CORDON_FIX}")

@@ -85,9 +85,8 @@ class Demo:
             self.progress(f"port {self.metrics_port} is taken: serving /metric on a free port instead")
             self.metrics_port = 0
         addr = f"127.0.0.1:{self.metrics_port}"
-        self.node = SimNode(self.workdir, inventory, node_name="demo-node", metrics_addr=addr, extra=self._dra_extra())
-        if self.nvml_backend is not None:
-            self.node.backend = self.nvml_backend  # the agent reads the node through NVML
+        self.node = SimNode(self.workdir, inventory, node_name="demo-node", metrics_addr=addr, extra=self._dra_extra(),
+                            backend=self.nvml_backend)  # None: the simulated backend; else NVML over the fake library
         await self.node.start(agent=False)
         self.progress("starting the node agent (device plugins vcore.sock / vmemory.sock, vDevice servers, /metric)")
         await self.node.start_agent()

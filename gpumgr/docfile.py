@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from gpumgr.podspec import ascii_uint
+
 Path_ = tuple[str | int, ...]
 
 DEFAULT_MAX_INPUT_BYTES = 1 << 20
@@ -49,9 +51,10 @@ def env_limit(name: str, default: int) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18 or int(raw) <= 0:
+    value = ascii_uint(raw, 18)
+    if value is None or value <= 0:
         raise InputError(f"{name} must be a positive whole number, got {raw[:40]!r}")
-    return int(raw)
+    return value
 
 
 def max_input_bytes() -> int:

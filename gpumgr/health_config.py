@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpumgr.podspec import ascii_uint
+
 # Reasons a card can be unhealthy for; each is set and cleared on its own (see NodeState.set_reason).
 XID = "xid"
 ECC = "ecc"
@@ -23,9 +25,10 @@ def parse_xids(text: str) -> frozenset[int]:
     for item in text.replace(" ", "").split(","):
         if not item:
             continue
-        if not item.isdigit():
-            raise ValueError(f"XID list {text!r}: {item!r} is not a number (expected e.g. '13,31,43')")
-        out.add(int(item))
+        xid = ascii_uint(item, 10)
+        if xid is None:
+            raise ValueError(f"XID list {text[:200]!r}: {item[:40]!r} is not a number (expected e.g. '13,31,43')")
+        out.add(xid)
     return frozenset(out)
 
 

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Collection, Mapping
 
 from gpumgr.devices.types import Inventory
+from gpumgr.podspec import ascii_uint
 
 DEFAULT_PREFIX = "gpumgr.io/"
 GAIA_MODEL_LABEL = "gaia.tencent.com/gpu-model"  # what gpu-manager set: the 2nd word of card 0's name
@@ -99,8 +100,8 @@ def _version_labels(key: str, version: str) -> dict[str, str]:
         return {}
     out = {key: full}
     parts = full.split(".")
-    if parts[0].isdigit():
+    if ascii_uint(parts[0], 9) is not None:
         out[f"{key}.major"] = parts[0]
-        if len(parts) > 1 and parts[1].isdigit():
+        if len(parts) > 1 and ascii_uint(parts[1], 9) is not None:
             out[f"{key}.minor"] = parts[1]
     return out

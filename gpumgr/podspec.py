@@ -102,6 +102,14 @@ def is_gpu_pod(pod: Mapping[str, Any]) -> bool:
     return bool(gpu_containers(pod, include_init=True))
 
 
+def ascii_uint(text: str, max_digits: int) -> int | None:
+    """`text` as a whole number >= 0 when it is 1..max_digits ASCII digits, else None. The one rule for numbers
+    read from annotations, files and the environment: int() and str.isdigit() would also take "٣٠" or "３０"."""
+    if not (0 < len(text) <= max_digits and text.isascii() and text.isdigit()):
+        return None
+    return int(text)
+
+
 def pod_annotations(pod: Mapping[str, Any]) -> dict[str, str]:
     return dict((pod.get("metadata") or {}).get("annotations") or {})
 
@@ -112,9 +120,10 @@ def predicate_minors(pod: Mapping[str, Any], container_index: int) -> list[int] 
     if raw is None or raw.strip() == "":
         return None
     parts = [x.strip() for x in raw.split(",") if x.strip() != ""]
-    if len(parts) > 64 or not all(p.isascii() and p.isdigit() and len(p) <= 6 for p in parts):
-        return None  # only ASCII card minors; int() would also take Unicode digits
-    return [int(p) for p in parts]
+    if len(parts) > 64:
+        return None
+    minors = [m for m in (ascii_uint(p, 6) for p in parts) if m is not None]
+    return minors if len(minors) == len(parts) else None  # only ASCII card minors
 
 
 def model_filter(pod: Mapping[str, Any]) -> tuple[list[str], list[str]]:

@@ -31,3 +31,20 @@ def test_gpu_containers_and_model_filter():
     assert podspec.model_matches("NVIDIA H100 80GB HBM3", ok, no)
     assert not podspec.model_matches("NVIDIA A100-PCIE-40GB", ok, no)
     assert not podspec.model_matches("Tesla T4", ok, no)
+
+
+@pytest.mark.parametrize(("text", "want"), [("0", 0), ("42", 42), ("123456", 123456), ("1234567", None), ("", None),
+                                            ("-1", None), ("+1", None), (" 1", None), ("\u0663", None),
+                                            ("\uff13\uff10", None), ("\u00b2", None)])
+def test_ascii_uint_takes_only_ascii_digits(text, want):
+    assert podspec.ascii_uint(text, 6) == want
+
+
+def test_predicate_minors_are_ascii_card_minors():
+    def pod(value: str) -> dict:
+        return {"metadata": {"annotations": {f"{podspec.ANN_PREDICATE_IDX}0": value}}}
+
+    assert podspec.predicate_minors(pod("0, 3,"), 0) == [0, 3]
+    assert podspec.predicate_minors(pod(" "), 0) is None
+    assert podspec.predicate_minors(pod("1,\u0663"), 0) is None
+    assert podspec.predicate_minors(pod(",".join(["1"] * 65)), 0) is None

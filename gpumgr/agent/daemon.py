@@ -129,21 +129,16 @@ class Agent:
             from gpumgr.dra.frontend import start_dra
 
             self.dra = await start_dra(self)
-        if self.mode == "dra":
-            self._tasks.append(asyncio.create_task(self._reconcile_loop()))
-            self._tasks.append(asyncio.create_task(self._publish_loop()))
-            self._tasks.append(asyncio.create_task(self._cordon_loop()))
-            self.started = True
-            return
-        self.supervisor = PluginSupervisor(cfg.device_plugin_dir, [
-            PluginSpec(podspec.RESOURCE_CORE, "vcore.sock", PluginServicer(self.service, "c", podspec.RESOURCE_CORE)),
-            PluginSpec(podspec.RESOURCE_MEMORY, "vmemory.sock",
-                       PluginServicer(self.service, "m", podspec.RESOURCE_MEMORY)),
-        ], on_register=self._on_register)
-        await self.supervisor.start()
-        self._tasks.append(asyncio.create_task(self._reconcile_loop()))
-        self._tasks.append(asyncio.create_task(self._publish_loop()))
-        self._tasks.append(asyncio.create_task(self._cordon_loop()))
+        if self.mode != "dra":
+            self.supervisor = PluginSupervisor(cfg.device_plugin_dir, [
+                PluginSpec(podspec.RESOURCE_CORE, "vcore.sock",
+                           PluginServicer(self.service, "c", podspec.RESOURCE_CORE)),
+                PluginSpec(podspec.RESOURCE_MEMORY, "vmemory.sock",
+                           PluginServicer(self.service, "m", podspec.RESOURCE_MEMORY)),
+            ], on_register=self._on_register)
+            await self.supervisor.start()
+        for background in (self._reconcile_loop(), self._publish_loop(), self._cordon_loop()):
+            self._tasks.append(asyncio.create_task(background))
         self.started = True
 
     def _load_checkpoint(self, state: NodeState, store: CheckpointStore) -> None:

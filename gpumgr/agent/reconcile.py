@@ -35,6 +35,7 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
     state = service.state
     report = Report(why=why)
     kubelet_ok, entries = False, []
+    seen = dict(state.ledger.allocations)  # before the kubelet's record is read: decisions are made on these
     if full:
         try:
             ckpt = await service.kubelet_checkpoint()
@@ -63,7 +64,7 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
     now = time.time()
     release: list[str] = []
     gone: list[tuple[str, str]] = []  # (key, owner uid) of allocations whose pod the cache no longer has
-    for a in state.ledger.allocations.values():
+    for a in seen.values():
         if is_claim(a):  # a DRA claim's: its own front end answers for it
             continue
         owner = owners.get(a.key)
@@ -112,7 +113,8 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
                                                ids=list(ids)))
 
     if release:
-        removed = await service.release(release, f"reconcile ({why}): no live pod holds it")
+        # only what still holds what it held when decided on (an Allocate may have replaced it in the meantime)
+        removed = await service.release(release, f"reconcile ({why}): no live pod holds it", expect=seen)
         report.vdevices_removed += len(removed)
     restore = _group_reuse(restore, owners)
     # a container riding on a reservation that is gone (its pod's other container was freed) reserves again
@@ -122,7 +124,7 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
             restore.append(replace(a, reserve=True, meta={k: v for k, v in a.meta.items() if k != "rides_on"}))
     if restore:
         def apply(ledger: Ledger) -> None:
-            report.conflicts = [why for _, why in apply_truths(ledger, restore, owners)]
+            report.conflicts = [why for _, why in apply_truths(ledger, restore, owners, seen)]
             report.restored = len(restore) - len(report.conflicts)
 
         await state.commit(apply)

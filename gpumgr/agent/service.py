@@ -23,7 +23,7 @@ from gpumgr import binding, podspec, vdriver
 from gpumgr.agent import guess
 from gpumgr.agent.errors import PluginError
 from gpumgr.agent.state import NodeState
-from gpumgr.agent.truth import apply_truths
+from gpumgr.agent.truth import apply_truths, is_claim
 from gpumgr.allocator import Allocation, InvalidRequest, Ledger, LedgerError, NoFit, Request, choose
 from gpumgr.choices import NO_CORDON, Cordon
 from gpumgr.deviceplugin import ids as devids
@@ -45,7 +45,6 @@ FAILING_KEPT = 1024  # pods decided to fail at PreStart that are remembered (the
 MEMORY_HINT_S = 10.0  # a vcuda-memory Allocate tells the next vcuda-core Allocate its memory for this long
 NAMELESS_GRACE_S = 5.0  # an allocation made for no known pod is not judged dead before this age
 FAIL_REASON = "GPUAllocationUnfit"  # pod condition and event reason when a pod is failed at PreStart
-CLAIM_PREFIX = "dra/"  # ledger keys of DRA claims: counted as used, never freed or repaired by this front end
 
 
 class PodSource(Protocol):
@@ -266,7 +265,7 @@ class AllocationService:
             meta = dict(alloc.meta)
             certain = verdict.certain_memory_mib(unit)
             if hint is not None and any(c.ask.memory_units == hint for c in verdict.here):
-                certain = memory_of_units(cand, unit)  # its vcuda-memory Allocate said how much
+                certain = guess.memory_of(cand, unit)  # its vcuda-memory Allocate said how much
             if certain is not None:
                 meta["answered_memory_mib"] = str(certain)
             if len(verdict.here) > 1:
@@ -894,9 +893,11 @@ class AllocationService:
             await asyncio.gather(*list(self._annotate_tasks), return_exceptions=True)
 
     # -- releasing ------------------------------------------------------------------------------------------
-    async def release(self, keys: list[str], why: str, unverified_only: bool = False) -> list[Allocation]:
+    async def release(self, keys: list[str], why: str, unverified_only: bool = False,
+                      expect: Mapping[str, Allocation] | None = None) -> list[Allocation]:
         """Free allocations (one checkpoint write) and stop their vDevice servers. `unverified_only`: never free a
-        verified one (a started container's), and a container riding on a freed reservation reserves again."""
+        verified one (a started container's), and a container riding on a freed reservation reserves again.
+        `expect`: the allocations the decision was made on; a key whose holder has changed since is left alone."""
         held = [k for k in keys if self.state.ledger.held_by(k) is not None]
         if not held:
             return []
@@ -905,7 +906,8 @@ class AllocationService:
             out = []
             for k in held:
                 a = ledger.held_by(k)
-                if a is None or (unverified_only and a.meta.get("verified") == "true"):
+                if a is None or (unverified_only and a.meta.get("verified") == "true") \
+                        or (expect is not None and expect.get(k) != a):
                     continue
                 ledger.release(k)
                 out.append(a)
@@ -953,15 +955,6 @@ def _reserve_again(ledger: Ledger, freed: set[str]) -> None:
                 ledger.assign(alone, check_health=False)
             except LedgerError:
                 ledger.assign(r, check_health=False)
-
-
-def memory_of_units(cand: binding.Candidate, unit_mib: int) -> int:
-    return 0 if cand.ask.cores >= 100 else cand.ask.memory_units * unit_mib
-
-
-def is_claim(a: Allocation) -> bool:
-    """A DRA claim's holding: the device-plugin side counts it as used and never frees, adopts or repairs it."""
-    return a.key.startswith(CLAIM_PREFIX)
 
 
 def _identity(a: Allocation) -> tuple[str, str]:

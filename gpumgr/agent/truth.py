@@ -12,8 +12,14 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from gpumgr.allocator import Allocation, Ledger, LedgerError
+from gpumgr.dra.config import LEDGER_PREFIX
 
 Conflict = tuple[str, str]  # (key, why)
+
+
+def is_claim(a: Allocation) -> bool:
+    """A DRA claim's holding: the device-plugin side counts it as used and never frees, adopts or repairs it."""
+    return a.key.startswith(LEDGER_PREFIX)
 
 
 def apply_truths(ledger: Ledger, truths: list[Allocation], recorded: Collection[str],
@@ -60,5 +66,5 @@ def _make_room(ledger: Ledger, want: Allocation, recorded: Collection[str],
     """The kubelet's record wins over allocations it never recorded: free those on the wanted cards."""
     for a in list(ledger.allocations.values()):
         if a.key not in recorded and (seen is None or seen.get(a.key) == a) and a.meta.get("verified") != "true" \
-                and not a.key.startswith("dra/") and set(a.cards) & set(want.cards):
+                and not is_claim(a) and set(a.cards) & set(want.cards):
             ledger.release(a.key)

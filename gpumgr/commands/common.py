@@ -4,14 +4,51 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from gpumgr.devices.types import Inventory
 from gpumgr.docfile import InputError
+
+if TYPE_CHECKING:
+    import asyncio
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def env_default(flag: str, default: str | None) -> str | None:
     """`--device-plugin-dir` → env GPUMGR_DEVICE_PLUGIN_DIR, falling back to `default`."""
     return os.environ.get("GPUMGR_" + flag.lstrip("-").upper().replace("-", "_"), default)
+
+
+def env_flag(flag: str) -> bool:
+    """A store_true flag's default from its environment variable: 1, true, yes or on (any case)."""
+    return str(env_default(flag, "") or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def check_log_level(level: str) -> None:
+    if str(level).lower() not in LOG_LEVELS:
+        raise InputError(f"--log-level {level!r}: expected one of {', '.join(LOG_LEVELS)}")
+
+
+def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
+    """`HOST:PORT`, `:PORT` or `[v6]:PORT` → (host, port); raises InputError naming the flag."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise InputError(f"{flag} {text!r}: expected HOST:PORT with a port from 1 to 65535")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT; call it inside the running loop of a serving command."""
+    import asyncio
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
 
 
 def whole_number(text: str) -> int:

@@ -5,16 +5,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpumgr.commands.common import env_default
+from gpumgr.commands.common import check_log_level, env_default, env_flag, parse_listen, stop_on_signals
+from gpumgr.extender.body import (  # the defaults of Limits; a light module (no aiohttp at import)
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_MAX_BODY,
+    DEFAULT_MAX_CONNECTIONS,
+)
 
 POLICIES = ("binpack", "spread")  # gpumgr.extender.score.POLICIES, without importing it at start-up
 DEFAULT_SCHEDULER = "gpumgr-scheduler"  # gpumgr.extender.binder.DEFAULT_SCHEDULER
-DEFAULT_MAX_BODY = 1024 * 1024  # gpumgr.extender.body: the defaults of Limits
-DEFAULT_HEADER_TIMEOUT = 15.0
-DEFAULT_BODY_TIMEOUT = 10.0
-DEFAULT_MAX_CONNECTIONS = 128
 AUTH_FLAGS = "--tls-cert-file, --tls-key-file and --client-ca-file"
-LOG_LEVELS = ("debug", "info", "warning", "error")
 READY_TIMEOUT = 600.0  # seconds for the first list of nodes and pods before giving up
 
 
@@ -38,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--client-ca-file", default=env_default("--client-ca-file", ""), metavar="FILE",
                    help="require a client certificate signed by this CA (PEM) on every connection")
     p.add_argument("--insecure-serve-without-auth", action="store_true",
-                   default=_truthy(env_default("--insecure-serve-without-auth", "")),
+                   default=env_flag("--insecure-serve-without-auth"),
                    help="serve without client certificates (plain HTTP unless --tls-cert-file): anyone who can "
                    "reach the port can bind pods; demos and tests only. Logged as a warning")
     p.add_argument("--scheduler-name", default=env_default("--scheduler-name", DEFAULT_SCHEDULER), metavar="NAME",
@@ -58,18 +59,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def _truthy(text: str | None) -> bool:
-    return str(text or "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def run(args: argparse.Namespace) -> int:
     from gpumgr.docfile import InputError
 
     host, port = parse_listen(args.listen)
     if args.policy not in POLICIES:
         raise InputError(f"--policy {args.policy!r}: expected one of {', '.join(POLICIES)}")
-    if str(args.log_level).lower() not in LOG_LEVELS:
-        raise InputError(f"--log-level {args.log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
+    check_log_level(args.log_level)
     if args.kubeconfig:
         from pathlib import Path
 
@@ -131,23 +127,11 @@ def _tls(args: argparse.Namespace) -> Any:
         raise InputError(str(e)) from None
 
 
-def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
-    """`HOST:PORT`, `:PORT` or `[v6]:PORT` → (host, port); raises InputError naming the flag."""
-    from gpumgr.docfile import InputError
-
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InputError(f"{flag} {text!r}: expected HOST:PORT with a port from 1 to 65535")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
-
-
 async def _serve(args: argparse.Namespace, prefix: str, host: str, port: int, limits: Any, tls: Any,
                  probe: tuple[str, int] | None) -> int:
     import asyncio
     import gc
     import logging
-    import signal
 
     from gpumgr.extender.server import ExtenderServer
 
@@ -156,10 +140,7 @@ async def _serve(args: argparse.Namespace, prefix: str, host: str, port: int, li
     server = ExtenderServer(kubeconfig, policy=args.policy, prefix=prefix, limits=limits, tls=tls,
                             insecure=args.insecure_serve_without_auth, scheduler_name=args.scheduler_name,
                             probe=probe)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     try:
         await server.start(host, port)
     except OSError as e:

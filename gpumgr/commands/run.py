@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gpumgr.agent.config import AgentConfig
 from gpumgr.commands.common import env_default, whole_number
+from gpumgr.podspec import ascii_uint
 
 log = logging.getLogger("gpumgr")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -94,7 +95,7 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
     except ValueError as e:
         raise InputError(f"health settings: {e}") from None
     host, _, port = str(args.metrics_addr).rpartition(":")
-    if not host or not port.isdigit():
+    if not host or ascii_uint(port, 5) is None:
         raise InputError(f"--metrics-addr must be HOST:PORT, got {args.metrics_addr!r}")
     dra = dra_settings(args)
     return AgentConfig(

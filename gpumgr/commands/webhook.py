@@ -6,12 +6,11 @@ import argparse
 import re
 from typing import TYPE_CHECKING
 
-from gpumgr.commands.common import env_default
+from gpumgr.commands.common import check_log_level, env_default, env_flag, parse_listen, stop_on_signals
 
 if TYPE_CHECKING:
     from gpumgr.webhook.server import TlsFiles
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
@@ -32,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="schedulerName given to GPU pods that name none or default-scheduler "
                    "(default gpumgr-scheduler)")
     p.add_argument("--insecure-http", action="store_true",
-                   default=(env_default("--insecure-http", "") or "").lower() in ("1", "true", "yes"),
+                   default=env_flag("--insecure-http"),
                    help="serve plain HTTP without a certificate (tests and demos only; the API server needs HTTPS)")
     p.add_argument("--max-cards-per-container", default=env_default("--max-cards-per-container", "16"), metavar="N",
                    help="refuse a container that asks more whole cards than this (default 16; set it to the most "
@@ -46,12 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumgr.commands.extender import parse_listen
     from gpumgr.docfile import InputError
 
     host, port = parse_listen(args.listen)
-    if str(args.log_level).lower() not in LOG_LEVELS:
-        raise InputError(f"--log-level {args.log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
+    check_log_level(args.log_level)
     if not _NAME.match(args.scheduler_name or ""):
         raise InputError(f"--scheduler-name {args.scheduler_name!r}: expected a lower-case DNS name "
                          "such as gpumgr-scheduler")
@@ -87,10 +84,10 @@ def _limits(args: argparse.Namespace) -> dict[str, float]:
 def _tls(args: argparse.Namespace) -> TlsFiles | None:
     """TlsFiles, or None with --insecure-http; InputError naming the flag and file otherwise."""
     import logging
-    import ssl
     from pathlib import Path
 
     from gpumgr.docfile import InputError
+    from gpumgr.extender.tls import TlsSettingsError
     from gpumgr.webhook.server import TlsFiles, server_context
 
     if not args.tls_cert_file and not args.tls_key_file:
@@ -109,27 +106,20 @@ def _tls(args: argparse.Namespace) -> TlsFiles | None:
     tls = TlsFiles(args.tls_cert_file, args.tls_key_file, args.client_ca_file)
     try:
         server_context(tls)
-    except (OSError, ssl.SSLError) as e:
-        raise InputError(f"cannot use --tls-cert-file {tls.cert_file} with --tls-key-file {tls.key_file}"
-                         f"{' and --client-ca-file ' + tls.client_ca_file if tls.client_ca_file else ''}: "
-                         f"{getattr(e, 'reason', None) or e}") from None
+    except TlsSettingsError as e:
+        raise InputError(f"cannot use {e}") from None
     return tls
 
 
 async def _serve(scheduler_name: str, tls: TlsFiles | None, host: str, port: int, limits: dict[str, float]) -> int:
-    import asyncio
     import logging
-    import signal
 
     from gpumgr.webhook.server import WebhookServer
 
     log = logging.getLogger("gpumgr.webhook")
     server = WebhookServer(scheduler_name, tls, header_timeout=limits["header_timeout"],
                            max_connections=int(limits["max_connections"]), max_cards=int(limits["max_cards"]))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     try:
         await server.start(host, port)
     except OSError as e:

@@ -26,6 +26,13 @@ class PluginServicer(pb_grpc.DevicePluginServicer):
     def options(self) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(pre_start_required=self.kind == "c", get_preferred_allocation_available=True)
 
+    async def _internal(self, method: str, e: Exception, context: grpc.aio.ServicerContext) -> None:
+        """The one answer to an unexpected error: its type and text in the log (the traceback at debug level), the
+        type only to the kubelet (it lands in pod events, where neither internals nor a traceback belong)."""
+        log.error("%s: %s failed: %s: %s", self.resource, method, type(e).__name__, e,
+                  exc_info=log.isEnabledFor(logging.DEBUG))
+        await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: internal error: {type(e).__name__}")
+
     async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DevicePluginOptions:  # noqa: N802,E501
         return self.options()
 
@@ -50,9 +57,8 @@ class PluginServicer(pb_grpc.DevicePluginServicer):
                     pb.ContainerPreferredAllocationResponse(deviceIDs=await self.service.preferred(self.kind, creq)))
         except PluginError as e:
             await context.abort(e.code, f"{self.resource}: {e.message}")
-        except Exception as e:  # noqa: BLE001 - never a traceback to the kubelet
-            log.error("%s: GetPreferredAllocation failed: %s: %s", self.resource, type(e).__name__, e)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: internal error: {type(e).__name__}")
+        except Exception as e:  # noqa: BLE001
+            await self._internal("GetPreferredAllocation", e, context)
         return out
 
     async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:  # noqa: N802
@@ -75,11 +81,10 @@ class PluginServicer(pb_grpc.DevicePluginServicer):
                 await self.service.release_ids(ids)
             log.warning("%s: Allocate refused: %s", self.resource, e.message)
             await context.abort(e.code, f"{self.resource}: {e.message}")
-        except Exception as e:  # noqa: BLE001 - never a traceback to the kubelet
-            log.exception("%s: Allocate failed", self.resource)
+        except Exception as e:  # noqa: BLE001
             for ids in done:
                 await self.service.release_ids(ids)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: internal error: {e}")
+            await self._internal("Allocate", e, context)
         return out
 
     async def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext) -> pb.PreStartContainerResponse:  # noqa: N802,E501
@@ -91,6 +96,5 @@ class PluginServicer(pb_grpc.DevicePluginServicer):
             log.warning("%s: PreStartContainer refused: %s", self.resource, e.message)
             await context.abort(e.code, f"{self.resource}: {e.message}")
         except Exception as e:  # noqa: BLE001
-            log.exception("%s: PreStartContainer failed", self.resource)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{self.resource}: internal error: {e}")
+            await self._internal("PreStartContainer", e, context)
         return pb.PreStartContainerResponse()

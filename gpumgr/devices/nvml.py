@@ -30,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from gpumgr.devices.types import GPU, DiscoveryError, GPUStatus, HealthEvent, Inventory, ProcessUsage
+from gpumgr.podspec import ascii_uint
 
 log = logging.getLogger("gpumgr.devices.nvml")
 
@@ -66,6 +67,10 @@ class NvmlBackend:
     def inventory(self) -> Inventory:
         if self._inv is None:
             self._inv = self._discover()
+            if _v3_struct_differs(self._inv.driver_version):
+                self._process_call = 1
+                log.info("driver %s fills nvmlDeviceGetComputeRunningProcesses_v3 with a struct nvidia-ml-py does "
+                         "not read: using ..._v2", self._inv.driver_version)
             # Register for events now: NVML queues what happens from here on, so none is lost before the
             # first wait.
             self._events = self._register_events()
@@ -235,9 +240,8 @@ class NvmlBackend:
                 text = f.read(16).decode("ascii").strip()  # a small number; never read more
         except (OSError, UnicodeDecodeError):
             text = ""
-        if text.lstrip("-").isdigit():
-            node = int(text)
-            return node if node >= 0 else None  # -1: the kernel knows of no NUMA placement
+        if ascii_uint(text.removeprefix("-"), 16) is not None:
+            return None if text.startswith("-") else int(text)  # -1: the kernel knows of no NUMA placement
         nv = self._nv
         try:
             mask = nv.nvmlDeviceGetMemoryAffinity(handle, _NUMA_NODE_WORDS, nv.NVML_AFFINITY_SCOPE_NODE)
@@ -251,10 +255,6 @@ class NvmlBackend:
     def _processes(self, handle: Any) -> list[ProcessUsage]:
         """The card's compute processes, through the newest entry point this driver has."""
         nv = self._nv
-        if self._process_call == 0 and _v3_struct_differs(self.inventory().driver_version):
-            self._process_call = 1
-            log.info("driver %s fills nvmlDeviceGetComputeRunningProcesses_v3 with a struct nvidia-ml-py does "
-                     "not read: using ..._v2", self.inventory().driver_version)
         while self._process_call < len(_PROCESS_CALLS):
             name = _PROCESS_CALLS[self._process_call]
             try:

@@ -27,6 +27,7 @@ from gpumgr import levels as lv
 from gpumgr.devices.topo_text import DEFAULT_MAX_GPUS, TopoMatrix, TopoParseError, parse_topo_text
 from gpumgr.devices.types import GPU, Inventory
 from gpumgr.docfile import Doc, InputError, env_limit, load_doc, read_text_bounded
+from gpumgr.podspec import ascii_uint
 
 DEFAULT_MODEL = "NVIDIA Tesla (simulated)"
 DEFAULT_MEMORY_MIB = 16384
@@ -181,8 +182,8 @@ def _gpu(i: int, g: dict[str, Any], defaults: dict[str, Any], matrix: TopoMatrix
     if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
         raise ValueError(f"memory_mib must be a positive whole number of MiB, got {memory!r}")
     numa = g.get("numa_node", matrix.numa_nodes[i] if matrix is not None else None)
-    if isinstance(numa, str) and numa.isascii() and numa.isdigit() and len(numa) <= 5:
-        numa = int(numa)  # "3" as well as 3; never Unicode digits
+    if isinstance(numa, str) and (number := ascii_uint(numa, 5)) is not None:
+        numa = number  # "3" as well as 3; never Unicode digits
     if numa is not None and (isinstance(numa, bool) or not isinstance(numa, int) or not 0 <= numa < 1 << 16):
         raise ValueError(f"numa_node must be a whole number 0..65535 or absent, got {numa!r}")
     minor = pick("minor", i) if "minor" in g else i

@@ -16,6 +16,7 @@ from gpumgr.dra.quantity import QuantityError, parse_int
 from gpumgr.dra.slices import CORES, MIB, device_index, memory_ceiling
 
 MAX_RESULTS = 32  # a claim may hold at most 32 devices (resource.k8s.io/v1 AllocationResultsMaxSize)
+MAX_RESERVED = 256  # and be reserved for at most 256 consumers (ResourceClaimReservedForMaxSize)
 _UID = re.compile(r"^[0-9a-zA-Z][0-9a-zA-Z-]{0,62}$")
 
 
@@ -43,8 +44,11 @@ def grant_from_claim(claim: Mapping[str, Any], *, namespace: str, name: str, uid
     results = ((allocation.get("devices") or {}).get("results")) or []
     if not isinstance(results, list) or len(results) > MAX_RESULTS:
         raise ClaimError(f"{label}: status.allocation.devices.results must be a list of at most {MAX_RESULTS}")
+    reserved = status.get("reservedFor") or []
+    if not isinstance(reserved, list) or len(reserved) > MAX_RESERVED:
+        raise ClaimError(f"{label}: status.reservedFor must be a list of at most {MAX_RESERVED}")
     pods = []
-    for ref in status.get("reservedFor") or []:
+    for ref in reserved:
         if isinstance(ref, dict) and ref.get("resource") == "pods" and isinstance(ref.get("uid"), str):
             pods.append(PodRef(name=str(ref.get("name", "")), uid=ref["uid"]))
     if not pods:

@@ -41,10 +41,6 @@ class DraConfig:
     def registration_socket(self) -> Path:
         return self.registry_dir / f"{self.driver_name}-reg.sock"
 
-    @property
-    def cdi_file_prefix(self) -> str:
-        return CDI_KIND.replace("/", "-") + "_"
-
 
 def from_agent_config(agent_cfg: AgentConfig) -> DraConfig:
     """The DRA settings of an `AgentConfig`: common ones from its fields, DRA ones from `extra` (as

@@ -1,4 +1,4 @@
-"""The DRA front end as one unit: the claim cache, recovery, the DRA and registration sockets, ResourceSlice
+"""The DRA front end as one unit: recovery, the DRA and registration sockets, ResourceSlice
 publishing.
 
     fe = await start_dra(agent)      # after the agent's state, vDevice manager and kube client exist
@@ -21,7 +21,6 @@ from typing import Any
 import grpc
 
 from gpumgr.agent.state import NodeState
-from gpumgr.dra.claimcache import ClaimCache
 from gpumgr.dra.config import DraConfig, from_agent_config
 from gpumgr.dra.kubeaccess import DraKube
 from gpumgr.dra.plugin import DraHealthServicer, DraPluginServicer
@@ -44,7 +43,6 @@ class DraFrontEnd:
         self.cfg = cfg
         self.state = state
         self.kube = kube
-        self.claims = ClaimCache(kube, cfg.driver_name, cfg.node_name)
         self.preparer = ClaimPreparer(cfg, state, layout, vdevices, lambda ns, name, uid: kube.get_claim(ns, name))
         self.publisher = SlicePublisher(cfg, state, kube)
         self.registration = RegistrationServicer(cfg)
@@ -55,7 +53,6 @@ class DraFrontEnd:
         self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self.claims.start()
         self.recovery = await recover(self.preparer, self.kube.list_claims)
         r = self.recovery
         log.info("DRA recovery: %d claims restored, %d freed, %d kept, %d failed", len(r.restored), len(r.freed),
@@ -110,7 +107,6 @@ class DraFrontEnd:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._watch
         await self.publisher.stop()
-        self.claims.stop()
         for server in (self._reg_server, self._plugin_server):
             if server is not None:
                 await server.stop(grace=0.5)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 Obj = dict[str, Any]
 TIMEOUT = (5, 30)
-MAX_EVENT_BYTES = 4 << 20
+LIST_PAGE = 500
+MAX_CLAIMS = 100_000  # recovery lists every claim; a cluster beyond this is refused, not read into memory
 
 
 class DraKube:
@@ -42,32 +43,20 @@ class DraKube:
         return obj
 
     async def list_claims(self) -> list[Obj]:
-        doc = await self._run(self.api.list_resource_claim_for_all_namespaces)
-        return list(doc.get("items") or [])
-
-    def list_claims_sync(self) -> tuple[list[Obj], str]:
-        resp: Any = self.api.list_resource_claim_for_all_namespaces(_preload_content=False, _request_timeout=TIMEOUT)
-        doc = json.loads(resp.data)
-        return list(doc.get("items") or []), str((doc.get("metadata") or {}).get("resourceVersion") or "")
-
-    def watch_claims_sync(self, resource_version: str, timeout_s: int) -> Iterator[Obj]:
-        """Blocking: the watch events after `resource_version`, each a `{type, object}` dict, until the server
-        ends the watch (at most `timeout_s`). Lines over MAX_EVENT_BYTES end it early."""
-        resp: Any = self.api.list_resource_claim_for_all_namespaces(
-            watch=True, resource_version=resource_version, timeout_seconds=timeout_s, allow_watch_bookmarks=True,
-            _preload_content=False, _request_timeout=(5, timeout_s + 30))
-        buf = b""
-        try:
-            for chunk in resp.stream(amt=None, decode_content=False):
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if line.strip():
-                        yield json.loads(line)
-                if len(buf) > MAX_EVENT_BYTES:
-                    return
-        finally:
-            resp.release_conn()
+        """Every ResourceClaim in the cluster (recovery only), in pages of LIST_PAGE; refuses more than MAX_CLAIMS."""
+        items: list[Obj] = []
+        token = ""
+        while True:
+            kw: dict[str, Any] = {"limit": LIST_PAGE}
+            if token:
+                kw["_continue"] = token
+            doc = await self._run(self.api.list_resource_claim_for_all_namespaces, **kw)
+            items += list(doc.get("items") or [])
+            if len(items) > MAX_CLAIMS:
+                raise ValueError(f"more than {MAX_CLAIMS} ResourceClaims in the cluster: not listing them all")
+            token = str((doc.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return items
 
     async def list_slices(self, driver: str, node: str) -> list[Obj]:
         doc = await self._run(self.api.list_resource_slice,

@@ -246,9 +246,6 @@ class ClaimPreparer:
         async with self._lock(grant.uid):
             await self._prepare(grant, check_health=False)
 
-    async def forget(self, uid: str) -> None:
-        await self.unprepare(uid)
-
 
 def _forget_task(running: set[asyncio.Task[list[PreparedDevice]]]) \
         -> Callable[[asyncio.Task[list[PreparedDevice]]], None]:

@@ -16,8 +16,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumgr.dra.claims import ClaimError, ClaimGrant, grant_from_claim
-from gpumgr.dra.preparer import ClaimPreparer, claim_uids
+from gpumgr.dra.claims import ClaimError, ClaimGrant, DeviceGrant, PodRef, grant_from_claim
+from gpumgr.dra.preparer import ClaimPreparer, claim_keys, claim_uids
+from gpumgr.dra.slices import MIB
 
 log = logging.getLogger("gpumgr.dra.recovery")
 ListClaims = Callable[[], Awaitable[list[dict[str, Any]]]]
@@ -56,7 +57,7 @@ async def recover(preparer: ClaimPreparer, list_claims: ListClaims) -> RecoveryR
             if uid in held:
                 report.kept.append(uid)
         else:
-            await preparer.forget(uid)
+            await preparer.unprepare(uid)
             report.freed.append(uid)
             log.info("DRA recovery: claim UID %s is no longer allocated here: freed, spec removed", uid)
     if claims is None:
@@ -66,10 +67,6 @@ async def recover(preparer: ClaimPreparer, list_claims: ListClaims) -> RecoveryR
 
 async def _restart_servers(preparer: ClaimPreparer, uids: set[str]) -> None:
     """Without the API: bring back the vDevice servers of what the ledger holds, from the ledger itself."""
-    from gpumgr.dra.claims import DeviceGrant, PodRef
-    from gpumgr.dra.preparer import claim_keys
-    from gpumgr.dra.slices import MIB
-
     ledger = preparer.state.ledger
     for uid in sorted(uids):
         allocs = [ledger.allocations[k] for k in claim_keys(ledger, uid)]

@@ -5,7 +5,8 @@ Modules, from the wire inwards:
     handlers   the aiohttp routes
     body       reading a request body within bounds (size after decompression, time, a shared budget)
     lane       one request's CPU work at a time, smallest body first
-    site       the listening socket: TLS, a cap on open connections, the handshake timeout
+    (the listening socket, with TLS, a cap on open connections and the handshake timeout, is
+               `gpumgr.httpsite.CappedSite`, shared with the webhook)
     tls        the server's SSL context (client certificates required) and the scheduler's client context
     server     `ExtenderServer`: the HTTP server, the cluster view and its watches, started in-process
     binder     bind: choose cards, assume them, patch the pod, create the Binding

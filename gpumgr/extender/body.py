@@ -13,6 +13,7 @@ Every verb reads its body here, never with `request.read()`:
 from __future__ import annotations
 
 import asyncio
+import math
 import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -57,17 +58,19 @@ class BodyBudget:
         self.used = max(0, self.used - n)
 
 
-async def read_body(request: web.Request, limits: Limits, budget: BodyBudget) -> bytes:
-    """The request's body, decompressed, at most `limits.max_body_bytes`; raises BodyError or ClientGone."""
+async def read_body(request: web.Request, limits: Limits, budget: BodyBudget, *,
+                    service: str = "gpumgr extender", limit_flag: str = "--max-body-bytes") -> bytes:
+    """The request's body, decompressed, at most `limits.max_body_bytes`; raises BodyError or ClientGone.
+    `service` and `limit_flag` name the server and the flag that sets the limit in the messages."""
     limit = limits.max_body_bytes
     length = request.content_length
     if length is not None and length > limit:
-        raise BodyError(413, f"the body is larger than the limit of {limit} bytes (Content-Length {length}); "
-                        "the limit is --max-body-bytes", close=True)
+        raise BodyError(413, f"the body is larger than the limit of {limit} bytes (Content-Length {length})"
+                        f"{'; the limit is ' + limit_flag if limit_flag else ''}", close=True)
     inflater = _inflater(request.headers.get("Content-Encoding", ""))
     reserve = limit if inflater is not None or length is None else length
     if not budget.take(reserve):
-        raise BodyError(503, "the gpumgr extender is reading too many request bodies at once; try again",
+        raise BodyError(503, f"the {service} is reading too many request bodies at once; try again",
                         close=True)
     try:
         return await _read(request, limit, limits.body_timeout, inflater)
@@ -87,7 +90,7 @@ async def _read(request: web.Request, limit: int, timeout: float, inflater: zlib
                 if inflater is None:
                     out += chunk
                     continue
-                out += _inflate(inflater, chunk, limit - len(out))
+                out += _inflate(inflater, chunk, limit - len(out), limit)
     except TimeoutError:
         raise BodyError(408, f"the body did not arrive within {timeout:g} s (received {raw} bytes)",
                         close=True) from None
@@ -106,15 +109,14 @@ async def _read(request: web.Request, limit: int, timeout: float, inflater: zlib
     return bytes(out)
 
 
-def _inflate(inflater: zlib._Decompress, chunk: bytes, room: int) -> bytes:
+def _inflate(inflater: zlib._Decompress, chunk: bytes, room: int, limit: int) -> bytes:
     """Inflate `chunk`, refusing as soon as the output would pass `room` bytes (never expanding past it)."""
     try:
         data = inflater.decompress(chunk, room + 1)
     except zlib.error as e:
         raise BodyError(400, f"the compressed body is not valid: {e}", close=True) from None
     if len(data) > room or inflater.unconsumed_tail:
-        raise BodyError(413, "the body expands beyond the limit of --max-body-bytes when decompressed",
-                        close=True)
+        raise BodyError(413, f"the body expands beyond the limit of {limit} bytes when decompressed", close=True)
     return data
 
 
@@ -140,8 +142,8 @@ class Limits:
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes {self.max_body_bytes}: at least 1024")
-        if not (self.header_timeout > 0 and self.body_timeout > 0):
-            raise ValueError("timeouts must be positive")
+        if not all(0 < t < math.inf for t in (self.header_timeout, self.body_timeout)):  # nan and inf too
+            raise ValueError("timeouts must be positive and finite")
         if self.max_connections < 1:
             raise ValueError(f"max_connections {self.max_connections}: at least 1")
 

@@ -1,5 +1,6 @@
-"""TLS for the extender: the server context (HTTPS, client certificates required) and the matching client
-context a kube-scheduler stand-in presents (`enableHTTPS: true`, `tlsConfig` with certFile, keyFile, caFile)."""
+"""TLS for the extender and the webhook: the server context (HTTPS, client certificates required; the webhook
+builds its own through it) and the matching client context a kube-scheduler stand-in presents
+(`enableHTTPS: true`, `tlsConfig` with certFile, keyFile, caFile)."""
 
 from __future__ import annotations
 

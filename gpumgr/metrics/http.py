@@ -22,6 +22,7 @@ from prometheus_client import generate_latest
 from gpumgr.metrics.events import AgentMetrics
 from gpumgr.metrics.usage import UsageReader
 from gpumgr.metrics.views import graph_json, usage_json
+from gpumgr.podspec import ascii_uint
 from gpumgr.render import render_tree
 
 log = logging.getLogger("gpumgr.metrics")
@@ -86,8 +87,8 @@ def parse_addr(addr: str, default_port: int = 5678) -> tuple[str, int]:
         host, port_text = text.split(":")
     if not port_text:
         port = default_port
-    elif port_text.isdigit() and 0 <= int(port_text) <= 65535:
-        port = int(port_text)
+    elif (number := ascii_uint(port_text, 5)) is not None and number <= 65535:
+        port = number
     else:
         raise ValueError(f"metrics address {addr!r}: port must be 0-65535")
     return host or "0.0.0.0", port

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 MODES = ("process", "device", "unthrottled")
-_NAME = re.compile(r"^vcuda-v\d{1,4}-[0-9a-f]{1,32}-[0-9a-f]{1,32}\.status$")
+_NAME = re.compile(r"^vcuda-v[0-9]{1,4}-[0-9a-f]{1,32}-[0-9a-f]{1,32}\.status$")
 _UUID = re.compile(r"^GPU-[0-9a-fA-F-]{8,64}$")
-_KEY = re.compile(r"^device(\d{1,2})_(uuid|compute)$")
+_KEY = re.compile(r"^device([0-9]{1,2})_(uuid|compute)$")
 MAX_PIDS = 4
 MAX_ENTRIES = 512
 MAX_FILES = 16

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from gpumgr import podspec
 from gpumgr.agent.config import AgentConfig
 from gpumgr.agent.daemon import Agent
+from gpumgr.devices.backend import Backend
 from gpumgr.devices.simulated import SimulatedBackend
 from gpumgr.devices.types import Inventory
 from gpumgr.kube.client import KubeClient
@@ -44,11 +45,11 @@ def shim_source_for(workdir: Path) -> Path:
 class SimNode:
     def __init__(self, workdir: Path, inventory: Inventory, node_name: str = "sim-node",
                  api: KubeApiServer | None = None, kubelet_checkpoint_format: Literal["v1", "v2"] = "v2",
-                 **agent_options: Any):
+                 backend: Backend | None = None, **agent_options: Any):
         self.workdir = Path(workdir)
         self.inventory = inventory
         self.node_name = node_name
-        self.backend = SimulatedBackend(inventory)
+        self.backend: Any = backend or SimulatedBackend(inventory)  # or the real NVML backend over the fake library
         self._own_api = api is None
         self.api = api or KubeApiServer()
         self.kubelet = KubeletEmulator(self.workdir / "dp", kubelet_checkpoint_format)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpumgr.podspec import ascii_uint
+
 
 def host_pid(proc_root: Path, ns_pid: int, pod_uid: str, known: int = 0) -> int:
     """The host PID of `ns_pid` inside the pod, or 0 when it cannot be told. `known`: a previous answer, tried
@@ -28,10 +30,11 @@ def host_pid(proc_root: Path, ns_pid: int, pod_uid: str, known: int = 0) -> int:
         return 0
     for entry in entries:
         name = entry.name
-        if not (name.isascii() and name.isdigit()) or len(name) > 10:
+        pid = ascii_uint(name, 10)
+        if pid is None:
             continue
         if _ns_pid_of(entry) == ns_pid and _in_pod(entry, pod_uid):
-            return int(name)
+            return pid
     return 0  # not found in the pod: the caller falls back to its own PID
 
 
@@ -57,8 +60,8 @@ def _ns_pid_of(entry: Path) -> int:
         return -1
     for line in status.splitlines():
         if line.startswith("NSpid:"):
-            last = line.split()[-1]
-            return int(last) if last.isascii() and last.isdigit() and len(last) <= 10 else -1
+            found = ascii_uint(line.split()[-1], 10)
+            return -1 if found is None else found
     return -1
 
 

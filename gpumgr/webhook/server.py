@@ -6,8 +6,10 @@
     await server.stop()
 
 Every error is JSON (`{"error": "..."}`): 400 for a body that is not an AdmissionReview v1, 413 over the size
-limit, 408 when the body is not sent in time, 404/405 for wrong paths and methods, 503 when `max_connections`
-are already open. A connection that has not sent a whole request head within `header_timeout` seconds (or sits
+limit (after gzip/deflate decompression), 408 when the body is not sent in time, 415 for another
+Content-Encoding, 404/405 for wrong paths and methods, 503 when `max_connections` are already open or too many
+bodies are being read at once (bodies are read by `gpumgr.extender.body.read_body`, as the extender's are).
+A connection that has not sent a whole request head within `header_timeout` seconds (or sits
 idle that long between requests) is closed. The certificate and key are read again when their files change
 (cert-manager rotates them), checked every `reload_every` seconds.
 """
@@ -24,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpumgr.extender.body import BodyBudget, BodyError, ClientGone, Limits, read_body
 from gpumgr.webhook.policy import MAX_CARDS, review_pod
 from gpumgr.webhook.review import BadReview, decode, parse_review, response
 
@@ -55,6 +58,10 @@ class WebhookServer:
         self.max_cards = max_cards
         self.reload_every = reload_every
         self.ssl_context: ssl.SSLContext | None = server_context(tls) if tls else None
+        # bodies are read by the extender's bounded reader (size after decompression, time, a shared budget)
+        self._limits = Limits(max_body_bytes=max_body_bytes, header_timeout=header_timeout, body_timeout=read_timeout,
+                              max_connections=max_connections)
+        self._budget = BodyBudget(self._limits.budget_bytes)
         self._stamp = _stamp(tls) if tls else None
         self._runner: Any = None
         self._reloader: asyncio.Task[None] | None = None
@@ -67,13 +74,13 @@ class WebhookServer:
 
         if self._runner is not None:
             raise RuntimeError("the webhook is already started")
-        app = web.Application(middlewares=[_json_errors(self.max_body_bytes)], client_max_size=self.max_body_bytes)
+        app = web.Application(middlewares=[_json_errors()])
         app.router.add_post("/mutate", self._mutate)
         app.router.add_get("/healthz", self._healthz)
         # keepalive_timeout is aiohttp's timer from a connection's start (or its last answer) to a whole request
         # head: a caller that sends part of its headers and stops is closed after it
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, keepalive_timeout=self.header_timeout,
-                               lingering_time=1.0)
+                               lingering_time=1.0, auto_decompress=False)  # read_body inflates, bounded
         await runner.setup()
         try:
             site = CappedSite(runner, host, port, max_connections=self.max_connections,
@@ -125,10 +132,7 @@ class WebhookServer:
             self.reload_certificates()
 
     async def _mutate(self, request: Any) -> Any:
-        try:
-            raw = await asyncio.wait_for(request.read(), self.read_timeout)
-        except TimeoutError:
-            return _reply({"error": f"the body was not received within {self.read_timeout:.0f} s"}, 408)
+        raw = await read_body(request, self._limits, self._budget, service="gpumgr webhook", limit_flag="")
         review = parse_review(decode(raw))
         if not review.is_pod or review.obj is None:
             return _reply(response(review.uid))
@@ -145,15 +149,12 @@ class WebhookServer:
 
 
 def server_context(tls: TlsFiles) -> ssl.SSLContext:
-    """TLS 1.2+ server context; with a client CA, callers must present a certificate it signed.
-    Raises OSError or ssl.SSLError when a file cannot be used."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(tls.cert_file, tls.key_file)
-    if tls.client_ca_file:
-        ctx.load_verify_locations(cafile=tls.client_ca_file)
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
+    """TLS 1.2+ server context (the extender's, `gpumgr.extender.tls`); with a client CA, callers must present a
+    certificate it signed. Raises TlsSettingsError (a ValueError naming the flag and file) when a file cannot
+    be used."""
+    from gpumgr.extender.tls import server_context as context
+
+    return context(tls.cert_file, tls.key_file, tls.client_ca_file)
 
 
 def _stamp(tls: TlsFiles) -> tuple[tuple[int, int], ...]:
@@ -174,7 +175,7 @@ def _reply(body: Any, status: int = 200) -> Any:
                         content_type="application/json")
 
 
-def _json_errors(max_body_bytes: int) -> Any:
+def _json_errors() -> Any:
     from aiohttp import web
 
     Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -186,13 +187,17 @@ def _json_errors(max_body_bytes: int) -> Any:
         except BadReview as e:
             log.info("%s %s: 400: %s", request.method, request.path, e)
             return _reply({"error": str(e)}, 400)
+        except (BodyError, ClientGone) as e:
+            status = e.status if isinstance(e, BodyError) else 400
+            log.info("%s %s from %s: %d: %s", request.method, request.path, request.remote, status, e)
+            resp = _reply({"error": str(e)}, status)
+            if not isinstance(e, BodyError) or e.close:
+                resp.force_close()  # the rest of the body is unread: the connection cannot carry another request
+            return resp
         except web.HTTPException as e:
             if e.status < 400:
                 raise
-            text = e.reason
-            if e.status == 413:
-                text = f"the body is larger than the limit of {max_body_bytes} bytes"
-            return _reply({"error": text}, e.status)
+            return _reply({"error": e.reason}, e.status)
         except Exception as e:  # noqa: BLE001 - a bug must not become a traceback to the API server
             log.exception("%s %s failed", request.method, request.path)
             return _reply({"error": f"internal error in the gpumgr webhook: {type(e).__name__}"}, 500)

@@ -151,7 +151,24 @@ async def test_an_unexpected_error_in_get_preferred_allocation_is_internal_witho
                     pb.ContainerPreferredAllocationRequest(available_deviceIDs=ids, allocation_size=30)]),
                     timeout=10)
         assert e.value.code() == grpc.StatusCode.INTERNAL
-        assert "Traceback" not in e.value.details() and "internal error" in e.value.details()
+        assert "internal error: KeyError" in e.value.details() and "boom" not in e.value.details()
+
+
+async def test_an_unexpected_error_in_allocate_gives_the_kubelet_its_type_only():
+    async with sim_node("gtx1080ti", memory_mib=16384) as node:
+        svc = node.agent.service
+
+        async def broken(*args, **kwargs):
+            raise KeyError("secret internals")
+
+        svc.allocate_core = broken
+        ids = sorted(devids.core_ids(node.inventory.gpus[0]))[:30]
+        async with _core_channel(node) as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await _stub(ch).Allocate(pb.AllocateRequest(container_requests=[
+                    pb.ContainerAllocateRequest(devices_ids=ids)]), timeout=10)
+        assert e.value.code() == grpc.StatusCode.INTERNAL
+        assert "internal error: KeyError" in e.value.details() and "secret" not in e.value.details()
 
 
 async def test_a_repeated_allocate_does_not_repeat_an_unconfirmed_memory_annotation():
@@ -281,3 +298,34 @@ def test_making_room_for_the_kubelets_word_never_evicts_an_allocation_made_after
     ledger.assign(old)
     assert apply_truths(ledger, [truth], recorded={"g"}, seen={**seen, "old": old}) == []
     assert ledger.held_by("old") is None and ledger.held_by("g") == truth
+
+
+async def test_reconcile_never_frees_an_allocation_replaced_after_it_decided():
+    """Reconcile decides an old unrecorded guess is stale; before its release gets the ledger, an Allocate's commit
+    replaces that key's holder with a fresh one. The fresh one is not freed on the old one's account."""
+    from gpumgr.agent.reconcile import reconcile
+
+    async with sim_node("gtx1080ti", memory_mib=16384) as node:
+        svc, st = node.agent.service, node.agent.state
+        small = node.create_pod("small", [("main", 30, 8)])
+        await seen(node, small)
+        ids = sorted(devids.core_ids(node.inventory.gpus[0]))[:30]
+        key = allocation_key(ids)
+        old = _guess(svc, small, "main", 0, ids)
+        await st.commit(lambda ledger: ledger.assign(dataclasses.replace(old, meta={**old.meta, "created": "1"})))
+        _checkpoint(node, [])
+        fresh = _guess(svc, small, "main", 0, ids)
+        commit = st.commit
+
+        def swap(ledger: Ledger) -> None:
+            ledger.release(key)
+            ledger.assign(fresh)
+
+        async def allocate_first(change):  # the Allocate's commit was queued on the ledger lock first
+            st.commit = commit
+            await commit(swap)
+            return await commit(change)
+
+        st.commit = allocate_first
+        await reconcile(svc, True, 60.0, "periodic")
+        assert st.ledger.held_by(key) == fresh

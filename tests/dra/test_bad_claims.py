@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from gpumgr.allocator.ledger import Allocation
 from tests.dra.harness import NODE, NS, DraNode, share_request
 
@@ -107,3 +109,41 @@ async def test_too_many_claims_in_one_call_is_invalid_argument(node: DraNode):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await prepare(node, *entries)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most 256" in (e.value.details() or "")
+
+
+def test_a_claim_reserved_for_too_many_consumers_is_refused_before_it_is_read():
+    import pytest
+
+    from gpumgr.dra.claims import MAX_RESERVED, ClaimError, grant_from_claim
+    from tests.dra.harness import inventory
+
+    def claim(n: int) -> dict:
+        ref = {"resource": "pods", "name": "p", "uid": "pod-uid"}
+        result = {"driver": DRIVER, "pool": NODE, "device": "gpu-0", "request": "gpu"}
+        return {"metadata": {"uid": "u1"},
+                "status": {"allocation": {"devices": {"results": [result]}}, "reservedFor": [ref] * n}}
+
+    def grant(c: dict):
+        return grant_from_claim(c, namespace=NS, name="c", uid="u1", driver=DRIVER, pool=NODE,
+                                inventory=inventory())
+
+    assert grant(claim(MAX_RESERVED)).devices[0].index == 0
+    with pytest.raises(ClaimError, match="reservedFor must be a list of at most"):
+        grant(claim(MAX_RESERVED + 1))
+    with pytest.raises(ClaimError, match="reservedFor must be a list"):
+        grant({**claim(1), "status": {**claim(1)["status"], "reservedFor": {"not": "a list"}}})
+
+
+async def test_recovery_lists_claims_in_pages_and_refuses_a_cluster_too_large(node: DraNode, monkeypatch):
+    from gpumgr.dra import kubeaccess
+    from gpumgr.dra.kubeaccess import DraKube
+
+    for i in range(5):
+        node.create_claim(f"page-{i}", [share_request()])
+    kube = DraKube(node.api_client)
+    monkeypatch.setattr(kubeaccess, "LIST_PAGE", 2)
+    names = sorted(c["metadata"]["name"] for c in await kube.list_claims())
+    assert names == [f"page-{i}" for i in range(5)]
+    monkeypatch.setattr(kubeaccess, "MAX_CLAIMS", 3)
+    with pytest.raises(ValueError, match="more than 3 ResourceClaims"):
+        await kube.list_claims()

@@ -121,6 +121,7 @@ def test_the_command_refuses_to_serve_without_authentication_settings(tmp_path: 
           "--client-ca-file", str(certs.server_key)], {}, "--client-ca-file"),
         (["--insecure-serve-without-auth", "--max-body-bytes", "lots"], {}, "--max-body-bytes 'lots'"),
         ([], {"GPUMGR_INSECURE_SERVE_WITHOUT_AUTH": "true", "GPUMGR_BODY_TIMEOUT": "-1"}, "timeouts must be"),
+        ([], {"GPUMGR_INSECURE_SERVE_WITHOUT_AUTH": "true", "GPUMGR_HEADER_TIMEOUT": "inf"}, "and finite"),
     ]
     for argv, env, words in cases:
         proc = gpumgr(*argv, env=env)

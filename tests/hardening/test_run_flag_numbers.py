@@ -9,6 +9,7 @@ from gpumgr.cli import main
     ["--memory-unit-mib", "٣"],
     ["--temp-unhealthy", "９５"],
     ["--health-ignore-xids", "13,٣١"],
+    ["--metrics-addr", "127.0.0.1:٨٠"],
 ])
 def test_unicode_digits_in_run_flags_are_refused(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:

@@ -385,5 +385,8 @@ def test_settings_parse_from_text() -> None:
     assert parse_checks("all") == frozenset({"xid", "ecc", "temperature", "lost"})
     with pytest.raises(ValueError, match="'x13' is not a number"):
         parse_xids("31,x13")
+    for unicode_digits in ("\u0661\u0663", "\uff11\uff13", "\u00b2"):  # int() would take the first two as 13
+        with pytest.raises(ValueError, match="is not a number"):
+            parse_xids(unicode_digits)
     with pytest.raises(ValueError, match="'fan' is unknown"):
         parse_checks("ecc,fan")

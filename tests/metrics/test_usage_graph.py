@@ -126,6 +126,6 @@ def test_parse_addr():
     assert parse_addr(":9400") == ("0.0.0.0", 9400)
     assert parse_addr("127.0.0.1") == ("127.0.0.1", 5678)
     assert parse_addr("[::1]:80") == ("::1", 80)
-    for bad in ("host:port", "h:70000", "[::1"):
+    for bad in ("host:port", "h:70000", "[::1", "h:\u0668\u0660", "h:\uff18\uff10", "h:\u00b2"):  # no Unicode digits
         with pytest.raises(ValueError, match="metrics address"):
             parse_addr(bad)

@@ -63,6 +63,20 @@ async def test_body_size_is_bounded(webhook: Webhook) -> None:
     assert "larger than the limit" in await _bad(webhook, json.dumps(review(p)).encode(), status=413)
 
 
+async def test_compressed_bodies_are_bounded_after_inflating(webhook: Webhook) -> None:
+    import gzip
+
+    good = gzip.compress(json.dumps(review(pod(container("a", limits={CORE: "100"})))).encode())
+    async with webhook.http.post(webhook.url + "/mutate", data=good,
+                                 headers={"Content-Type": "application/json", "Content-Encoding": "gzip"}) as r:
+        assert r.status == 200 and (await r.json(content_type=None))["response"]["allowed"] is True
+    bomb = gzip.compress(b" " * (64 * 1024 * 1024))  # 64 MiB of spaces in ~64 KB: over the 256 KiB limit
+    async with webhook.http.post(webhook.url + "/mutate", data=bomb,
+                                 headers={"Content-Type": "application/json", "Content-Encoding": "gzip"}) as r:
+        doc = await r.json(content_type=None)
+        assert r.status == 413 and "expands beyond" in doc["error"], doc
+
+
 async def test_wrong_method_and_path_are_json(webhook: Webhook) -> None:
     async with webhook.http.get(webhook.url + "/mutate") as r:
         assert r.status == 405 and "error" in await r.json(content_type=None)
