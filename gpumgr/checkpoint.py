@@ -25,10 +25,10 @@ from gpumgr.allocator import Ledger, LedgerError
 from gpumgr.vdevice.layout import BadName, check_key
 
 FORMAT = "gpumgr-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: typed allocation records; 1 (a map of string labels, `meta`) is still read
 FILE_NAME = "gpumgr_checkpoint.json"
 MAX_BYTES = 64 << 20  # a ledger of 1024 cards and 100000 allocations is far below this
-MAX_DEPTH = 16  # what gpumgr writes is 5 deep (document, ledger, allocations, allocation, meta)
+MAX_DEPTH = 16  # what gpumgr writes is 5 deep (document, ledger, allocations, allocation, holder or ids)
 MAX_CARDS = 1024
 MAX_ALLOCATIONS = 100_000
 MAX_GENERATION = 2**62
@@ -52,7 +52,11 @@ def encode(ledger: Ledger, generation: int, node: str = "") -> bytes:
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "ledger": ledger.to_json(),
     }
-    return (json.dumps({**body, "checksum": checksum(body)}, sort_keys=True, separators=(",", ":")) + "\n").encode()
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    digest = "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+    # the file is the canonical JSON of the whole document: "checksum" sorts before every other key, so it is the
+    # body's canonical text with the checksum put first (one encoding of the ledger, not two)
+    return ('{"checksum":' + json.dumps(digest) + "," + canonical[1:] + "\n").encode()
 
 
 def decode(data: bytes, source: str, expected_node: str | None = None) -> Snapshot:
@@ -102,7 +106,7 @@ def decode(data: bytes, source: str, expected_node: str | None = None) -> Snapsh
     if problem:
         raise CheckpointError(f"{source}: inconsistent ledger: {problem}")
     try:
-        ledger = Ledger.from_json(doc["ledger"])
+        ledger = Ledger.from_json(doc["ledger"], legacy=version < 2)
     except LedgerError as e:
         raise CheckpointError(f"{source}: inconsistent ledger: {_clip(str(e), 300)}") from None
     except Exception as e:  # noqa: BLE001 - a pure function of a hostile document: any failure is a bad file
@@ -148,14 +152,11 @@ def agent_key_problem(key: str) -> str | None:
 
 
 _CLAIM_KEY = re.compile(r"^dra/[0-9a-zA-Z][0-9a-zA-Z-]{0,62}/[0-9]{1,4}\Z")
-# meta values the agent reads as numbers (service.py, reconcile.py): ASCII only, or the agent stops on them
-_META_NUMBERS = {"created": re.compile(r"^[0-9]{1,12}(\.[0-9]{0,9})?\Z"),
-                 "memory_units": re.compile(r"^-?[0-9]{1,9}\Z"), "container_index": re.compile(r"^[0-9]{1,6}\Z"),
-                 "answered_memory_mib": re.compile(r"^[0-9]{1,12}\Z")}
 
 
 def _ledger_problem(led: object) -> str | None:
-    """Type and bound checks of the ledger document (shape only; `Ledger.from_json` checks consistency)."""
+    """Type and bound checks of the ledger document (shape only; `Ledger.from_json` type-checks each allocation's
+    fields, version 1 labels included, and checks consistency)."""
     if not isinstance(led, dict):
         return "ledger must be an object"
     cards, allocs = led.get("cards"), led.get("allocations")
@@ -184,13 +185,6 @@ def _ledger_problem(led: object) -> str | None:
                 return f"allocations[{i}].{f} must be a whole number >= 0"
         if not isinstance(a.get("reserve", True), bool):
             return f"allocations[{i}].reserve must be true or false"
-        meta = a.get("meta", {})
-        if not isinstance(meta, dict) or len(meta) > 64 or not all(
-                isinstance(v, str) for v in meta.values()):  # values can be long: an init container's device IDs
-            return f"allocations[{i}].meta must be an object of at most 64 text values"
-        for f, rx in _META_NUMBERS.items():
-            if f in meta and not rx.match(meta[f]):
-                return f"allocations[{i}].meta.{f} must be an ASCII number, got {_clip(repr(meta[f]), 40)}"
     return None
 
 

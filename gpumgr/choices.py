@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from gpumgr.podspec import ascii_uint
+from gpumgr.podspec import ascii_uint, pod_annotations
 
 ANN_POLICY = "gpumgr.io/gpu-policy"
 ANN_UUID_SELECT = "gpumgr.io/gpu-uuid-select"
@@ -78,11 +78,8 @@ def pod_choices(annotations: Mapping[str, str]) -> Choices:
 
 def pod_choices_of(pod: Mapping[str, object]) -> Choices:
     """`pod_choices` of a pod's API JSON (metadata.annotations)."""
-    meta = pod.get("metadata")
-    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
-    if not isinstance(ann, Mapping):
-        return NO_CHOICES
-    return pod_choices({str(k): str(v) for k, v in ann.items()})
+    ann = pod_annotations(pod)
+    return pod_choices(ann) if ann else NO_CHOICES
 
 
 def _one_of(annotations: Mapping[str, str], ours: str, theirs: str) -> tuple[str, str] | None:

@@ -236,7 +236,7 @@ class Demo:
 
         self.step("the training pod finishes: its cards come back")
         await self.node.delete_pod("train")
-        await self._wait(lambda: not any(a.meta.get("pod") == "train"
+        await self._wait(lambda: not any(a.pod == "train"
                                          for a in self.node.agent.state.ledger.allocations.values()))  # type: ignore
         self.show()
 
@@ -250,8 +250,8 @@ class Demo:
         scheduler stand-in allocates it from the node's ResourceSlice, the kubelet's DRA side prepares it through
         the agent's dra.sock; then the claim's allocation and the limits file of its vDevice directory."""
         from gpumgr.dra import quantity
-        from gpumgr.dra.preparer import claim_keys, vdevice_key
         from gpumgr.dra.slices import device_index
+        from gpumgr.node.claims import claim_keys, vdevice_key
         from gpumgr.sim.dra_scheduler import Unschedulable
         from gpumgr.sim.kubelet.dra_kubelet import DraPrepareError
         from gpumgr.vdevice.limits import Limits

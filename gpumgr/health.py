@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from gpumgr.agent.state import NodeState
 from gpumgr.devices.backend import Backend
 from gpumgr.devices.types import GPUStatus, HealthEvent
 from gpumgr.health_config import (
@@ -31,6 +30,7 @@ from gpumgr.health_config import (
     parse_xids,
 )
 from gpumgr.health_rules import ALL_CARDS, HealthRules, ReasonChange
+from gpumgr.node.state import NodeState
 
 __all__ = [
     "CHECKS", "DEFAULT_IGNORED_XIDS", "ECC", "LOST", "TEMPERATURE", "XID", "HealthConfig", "HealthMonitor",

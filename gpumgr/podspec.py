@@ -36,6 +36,8 @@ _SUFFIX: dict[str, int | Fraction] = {
 
 
 MAX_QUANTITY = 2**63 - 1
+MAX_MODEL_ENTRIES = 32  # models in gpumgr.io/gpu-model or gpu-model-exclude
+MAX_MODEL_CHARS = 128  # one model name (NVIDIA's longest are under 40)
 
 
 def quantity(value: Any) -> int:
@@ -111,7 +113,12 @@ def ascii_uint(text: str, max_digits: int) -> int | None:
 
 
 def pod_annotations(pod: Mapping[str, Any]) -> dict[str, str]:
-    return dict((pod.get("metadata") or {}).get("annotations") or {})
+    """The pod's annotations as strings; a malformed metadata or annotations field reads as none."""
+    meta = pod.get("metadata")
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    if not isinstance(ann, Mapping):
+        return {}
+    return {str(k): str(v) for k, v in ann.items()}
 
 
 def predicate_minors(pod: Mapping[str, Any], container_index: int) -> list[int] | None:
@@ -127,11 +134,25 @@ def predicate_minors(pod: Mapping[str, Any], container_index: int) -> list[int] 
 
 
 def model_filter(pod: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """(accepted models, refused models) from the pod's annotations; empty lists mean no constraint."""
+    """(accepted models, refused models) from the pod's annotations; empty lists mean no constraint.
+
+    Raises ValueError naming the annotation when a list is longer than MAX_MODEL_ENTRIES or an entry longer
+    than MAX_MODEL_CHARS: each entry is matched against every card of every node, so an unbounded list in a
+    256 KiB annotation would cost the extender billions of comparisons for one pod.
+    """
     ann = pod_annotations(pod)
 
     def split(key: str) -> list[str]:
-        return [m.strip() for m in ann.get(key, "").split(",") if m.strip()]
+        text = ann.get(key, "")
+        entries = [m.strip() for m in text.split(",") if m.strip()]
+        if len(entries) > MAX_MODEL_ENTRIES:
+            raise ValueError(f"annotation {key}: more than {MAX_MODEL_ENTRIES} models; name at most "
+                             f"{MAX_MODEL_ENTRIES} (a part of the name such as A100 matches every A100 model)")
+        long = next((m for m in entries if len(m) > MAX_MODEL_CHARS), None)
+        if long is not None:
+            raise ValueError(f"annotation {key}: model {long[:40]!r}... is longer than {MAX_MODEL_CHARS} "
+                             "characters")
+        return entries
 
     return split(ANN_GPU_MODEL), split(ANN_GPU_MODEL_EXCLUDE)
 

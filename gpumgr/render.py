@@ -63,13 +63,14 @@ def holder_name(ledger: Ledger, key: str) -> str:
     """`namespace/pod/container` of an allocation when known (with `?` while unverified), `claim namespace/name`
     for a DRA claim's holding, else its key."""
     alloc = ledger.allocations.get(key)
-    meta = alloc.meta if alloc else {}
-    if meta.get("claim"):  # a DRA claim's holding: the claim is the holder (its pods share it)
-        return f"claim {meta['claim']}"
-    if not meta.get("pod"):
+    if alloc is None:
         return key
-    mark = "" if meta.get("verified") == "true" else "?"
-    return f"{meta.get('namespace', 'default')}/{meta['pod']}/{meta.get('container', '')}{mark}"
+    if alloc.claim is not None:  # a DRA claim's holding: the claim is the holder (its pods share it)
+        return f"claim {alloc.claim.namespace}/{alloc.claim.name}"
+    if not alloc.pod:
+        return key
+    mark = "" if alloc.verified else "?"
+    return f"{alloc.namespace or 'default'}/{alloc.pod}/{alloc.container}{mark}"
 
 
 def render_cards(ledger: Ledger, inv: Inventory | None = None) -> str:

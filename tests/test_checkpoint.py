@@ -8,9 +8,10 @@ import stat
 
 import pytest
 
-from gpumgr.allocator import Allocation, Ledger
+from gpumgr.allocator import Allocation, ClaimHolder, ContainerHolder, Ledger
 from gpumgr.checkpoint import CheckpointError, CheckpointStore
 from gpumgr.vdevice.layout import allocation_key
+from tests.helpers import FIXTURES
 
 
 def ledger_with(*allocs: Allocation) -> Ledger:
@@ -22,8 +23,9 @@ def ledger_with(*allocs: Allocation) -> Ledger:
 
 KA = allocation_key(["core-a-0", "core-a-1"])
 KB = allocation_key(["core-b-0"])
-A = Allocation(KA, (0, 1), 200, 0, {"pod_uid": "u1"})
-B = Allocation(KB, (2,), 30, 4096, {"pod_uid": "u2"})
+A = Allocation(KA, (0, 1), 200, 0, ContainerHolder("u1", "default", "a", "main"), verified=True, created=1700000000)
+B = Allocation(KB, (2,), 30, 4096, ContainerHolder("u2", "default", "b", "main", 1, memory_units=16), guess_of=2,
+               answered_memory_mib=4096)
 
 
 def test_round_trip_and_file_mode(tmp_path):
@@ -34,7 +36,7 @@ def test_round_trip_and_file_mode(tmp_path):
     assert loaded.snapshot is not None and not loaded.problems
     assert loaded.snapshot.ledger.to_json() == ledger_with(A, B).to_json()
     assert loaded.snapshot.node == "n1"
-    assert loaded.snapshot.ledger.allocations[KA].meta == {"pod_uid": "u1"}
+    assert loaded.snapshot.ledger.allocations == {KA: A, KB: B}
 
 
 def test_previous_generation_is_kept_and_used_when_the_current_is_damaged(tmp_path):
@@ -123,8 +125,8 @@ def two_generations(tmp_path) -> CheckpointStore:
 
 HOSTILE = {
     "deep-array": lambda doc: "[" * 200_000 + "]" * 200_000,
-    "deep-in-meta": lambda doc: resign({**doc, "ledger": {**doc["ledger"], "allocations": [
-        {**doc["ledger"]["allocations"][0], "meta": {"x": json.loads("[" * 500 + "]" * 500)}}]}}),
+    "deep-in-holder": lambda doc: resign({**doc, "ledger": {**doc["ledger"], "allocations": [
+        {**doc["ledger"]["allocations"][0], "holder": {"x": json.loads("[" * 500 + "]" * 500)}}]}}),
     "generation-string": lambda doc: resign({**doc, "generation": "x"}),
     "generation-bool": lambda doc: resign({**doc, "generation": True}),
     "version-bool": lambda doc: resign({**doc, "version": True}),
@@ -134,8 +136,9 @@ HOSTILE = {
     "allocation-string": lambda doc: resign({**doc, "ledger": {**doc["ledger"], "allocations": ["x"]}}),
     "card-index-unicode": lambda doc: resign({**doc, "ledger": {**doc["ledger"], "cards": [
         {"index": "٠", "memory_mib": 16384}]}}),
-    "meta-not-text": lambda doc: resign({**doc, "ledger": {**doc["ledger"], "allocations": [
-        {**doc["ledger"]["allocations"][0], "meta": {"pod_uid": {"nested": 1}}}]}}),
+    "holder-not-text": lambda doc: resign({**doc, "ledger": {**doc["ledger"], "allocations": [
+        {**doc["ledger"]["allocations"][0], "holder": {**doc["ledger"]["allocations"][0]["holder"],
+                                                       "pod_uid": {"nested": 1}}}]}}),
     "huge-number": lambda doc: resign({**doc, "generation": 10**400}),
     "node-number": lambda doc: resign({**doc, "node": 5}),
     "not-utf8": lambda doc: "\udcff",
@@ -165,14 +168,79 @@ def test_an_allocation_key_the_agent_cannot_use_is_a_bad_generation(tmp_path):
     assert res.fell_back and "allocation key" in res.problems[0] and "../../etc" in res.problems[0]
 
 
-@pytest.mark.parametrize("field", ["created", "memory_units", "container_index", "answered_memory_mib"])
-def test_a_number_the_agent_reads_from_meta_must_be_a_number(tmp_path, field):
+BAD_FIELDS = {  # (field, bad value) of a typed allocation record: each makes the generation unusable, by name
+    "verified": "true", "created": "1700000000", "reserve": 0, "rides_on": 5, "ids": "a,b",
+    "answered_memory_mib": -1, "guess_of": True, "holder": "u1", "cores": 2.5, "meta": {"pod_uid": "u1"},
+    "holder.kind": "pod", "holder.container_index": "0", "holder.init": "false", "holder.memory_units": 1.0,
+    "holder.pod": None, "holder.extra": "x",
+}
+
+
+@pytest.mark.parametrize("field", sorted(BAD_FIELDS))
+def test_a_field_of_the_wrong_type_is_a_bad_generation_naming_the_field(tmp_path, field):
     store = two_generations(tmp_path)
     doc = json.loads(store.path.read_text())
-    doc["ledger"]["allocations"][0]["meta"][field] = "٣x"
+    alloc = doc["ledger"]["allocations"][0]
+    outer, _, inner = field.partition(".")
+    (alloc[outer] if inner else alloc)[inner or outer] = BAD_FIELDS[field]
     store.path.write_text(resign(doc))
     res = CheckpointStore(tmp_path).load()
-    assert res.fell_back and field in res.problems[0]
+    assert res.fell_back and res.snapshot is not None and res.snapshot.path == str(store.prev), res.problems
+    assert str(store.path) in res.problems[0] and (inner or outer) in res.problems[0], res.problems[0]
+
+
+# -- format version 1 (labels as a map of strings), as the previous gpumgr wrote it ------------------------------------
+V1 = FIXTURES / "checkpoint-v1" / "gpumgr_checkpoint.json"
+
+
+def test_a_version_1_checkpoint_loads_into_typed_records(tmp_path):
+    (tmp_path / V1.name).write_bytes(V1.read_bytes())
+    res = CheckpointStore(tmp_path).load(expected_node="sim-node")
+    assert res.snapshot is not None and not res.problems
+    led = res.snapshot.ledger
+    by_name = {(a.pod, a.container): a for a in led.allocations.values()}
+    whole, guess = by_name[("whole", "main")], by_name[("maybe-a", "main")]
+    assert whole.verified and whole.cards == (0,) and whole.holder == ContainerHolder(
+        "00000000-0000-4000-8000-000000000002", "default", "whole", "main", 0, False, 0)
+    assert not guess.verified and guess.guess_of == 2 and guess.answered_memory_mib is None
+    init, app = by_name[("reuse", "setup")], by_name[("reuse", "main")]
+    assert init.is_init and not init.reserve and init.rides_on == app.key and len(init.ids) == 20
+    assert app.answered_memory_mib == 2048 and app.container_holder and app.container_holder.memory_units == 8
+    claim = next(a for a in led.allocations.values() if a.claim is not None)
+    assert claim.verified and claim.holder == ClaimHolder(
+        uid="0c1a1f00-0000-4000-8000-00000000c1a1", namespace="default", name="infer-gpu", pod="dra-infer",
+        pod_uid="00000000-0000-4000-8000-0000000dca1f", request="gpu", device="gpu-7-share", share_id="s1")
+    assert all(isinstance(a.created, int) for a in led.allocations.values() if a.claim is None)
+    # written back in the current format, it reads the same
+    CheckpointStore(tmp_path).save(led, node="sim-node")
+    doc = json.loads((tmp_path / V1.name).read_text())
+    assert doc["version"] == 2 and all("meta" not in a for a in doc["ledger"]["allocations"])
+    assert CheckpointStore(tmp_path).load().snapshot.ledger.allocations == led.allocations
+
+
+@pytest.mark.parametrize(("field", "value"), [("created", "٣x"), ("memory_units", "1e3"), ("container_index", "-1"),
+                                              ("answered_memory_mib", "")])
+def test_a_version_1_number_the_agent_reads_must_be_an_ascii_number(tmp_path, field, value):
+    doc = json.loads(V1.read_text())
+    doc["ledger"]["allocations"][0]["meta"][field] = value
+    (tmp_path / V1.name).write_text(resign(doc))
+    with pytest.raises(CheckpointError, match=f"meta.{field} must be an ASCII number"):
+        CheckpointStore(tmp_path).load()
+
+
+@pytest.mark.parametrize("damage", ["typed-field-in-v1", "meta-not-text", "meta-too-many"])
+def test_a_malformed_version_1_allocation_is_refused(tmp_path, damage):
+    doc = json.loads(V1.read_text())
+    a = doc["ledger"]["allocations"][0]
+    if damage == "typed-field-in-v1":
+        a["verified"] = True
+    elif damage == "meta-not-text":
+        a["meta"]["pod_uid"] = {"nested": 1}
+    else:
+        a["meta"] = {f"k{i}": "v" for i in range(65)}
+    (tmp_path / V1.name).write_text(resign(doc))
+    with pytest.raises(CheckpointError, match="verified|meta must be an object"):
+        CheckpointStore(tmp_path).load()
 
 
 def test_an_oversized_file_is_refused_without_parsing(tmp_path, monkeypatch):
@@ -211,7 +279,7 @@ def cli(*args: str):
                           text=True, timeout=60)
 
 
-@pytest.mark.parametrize("name", ["deep-array", "generation-string", "allocations-object", "meta-not-text"])
+@pytest.mark.parametrize("name", ["deep-array", "generation-string", "allocations-object", "holder-not-text"])
 def test_verify_reports_both_generations_and_which_the_agent_loads(tmp_path, name):
     store = two_generations(tmp_path)
     store.path.write_text(HOSTILE[name](json.loads(store.path.read_text())))

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from gpumgr.allocator import Allocation, Ledger
+from gpumgr.allocator import Allocation, ContainerHolder, Ledger
 from gpumgr.checkpoint import CheckpointStore
 from tests.helpers import topo_path
 
@@ -88,7 +88,7 @@ def test_bad_topo_file_names_the_line(tmp_path):
 def test_checkpoint_show_and_verify(tmp_path):
     ledger = Ledger([16384] * 2)
     ledger.assign(Allocation("a" + "0123456789abcdef01234567", (1,), 30, 1024,  # a key the agent makes
-                             {"namespace": "default", "pod": "p", "container": "main", "verified": "true"}))
+                             ContainerHolder("u1", "default", "p", "main"), verified=True))
     store = CheckpointStore(tmp_path)
     store.save(ledger, node="n1")
     p = gpumgr("checkpoint", "verify", str(store.path))

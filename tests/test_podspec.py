@@ -48,3 +48,23 @@ def test_predicate_minors_are_ascii_card_minors():
     assert podspec.predicate_minors(pod(" "), 0) is None
     assert podspec.predicate_minors(pod("1,\u0663"), 0) is None
     assert podspec.predicate_minors(pod(",".join(["1"] * 65)), 0) is None
+
+
+@pytest.mark.parametrize(("key", "text", "named"), [
+    (podspec.ANN_GPU_MODEL, ",".join(f"m{i}" for i in range(100_000)), "more than 32 models"),
+    (podspec.ANN_GPU_MODEL_EXCLUDE, ",".join(["A100"] * 33), "more than 32 models"),
+    (podspec.ANN_GPU_MODEL, "x" * 129, "longer than 128 characters"),
+])
+def test_a_model_filter_too_long_to_match_cheaply_is_refused_naming_the_annotation(key, text, named):
+    with pytest.raises(ValueError) as e:
+        podspec.model_filter({"metadata": {"annotations": {key: text}}})
+    assert key in str(e.value) and named in str(e.value)
+
+
+def test_a_model_filter_at_the_limits_is_read_and_malformed_metadata_reads_as_no_filter():
+    full = ",".join(f"model-{i}" for i in range(podspec.MAX_MODEL_ENTRIES)) + ", ,"
+    ok, no = podspec.model_filter({"metadata": {"annotations": {podspec.ANN_GPU_MODEL: full,
+                                                                podspec.ANN_GPU_MODEL_EXCLUDE: "y" * 128}}})
+    assert len(ok) == podspec.MAX_MODEL_ENTRIES and no == ["y" * 128]
+    for pod in ({"metadata": None}, {"metadata": {"annotations": ["a"]}}, {}):
+        assert podspec.model_filter(pod) == ([], [])

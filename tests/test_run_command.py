@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -32,3 +33,13 @@ def test_bad_flags_are_refused_before_anything_starts(tmp_path):
         assert words in p.stderr and "Traceback" not in p.stderr
     p = run(env={"PATH": "/usr/bin:/bin"})
     assert p.returncode == 2 and "--node-name" in p.stderr
+
+
+def test_in_cluster_without_the_service_environment_is_one_line_and_exit_2(tmp_path):
+    spec = tmp_path / "node.yaml"
+    spec.write_text("defaults: {model: T4, memory_mib: 16384}\ngpus: [{}]\ntopology: {levels: [[X]]}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    p = run("--node-name", "n1", "--simulate", str(spec), "--checkpoint-dir", str(tmp_path / "c"), env=env)
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("gpumgr run: in-cluster: KUBERNETES_SERVICE_HOST")

@@ -1,8 +1,9 @@
 """The node agent: wires discovery, state, recovery, the plugins, vDevice servers, health and metrics.
 
-Start order: discover the cards; load the checkpoint; sync the pod cache; reconcile (free, restore, restart
-vDevice servers); publish the node's GPU inventory; serve and register the plugins; then keep reconciling every
-check period and whenever pods change.
+Start order: discover the cards; load the checkpoint; start the pod cache; serve and register the plugins (their
+Allocate-side calls wait); once the pods are listed, reconcile (free, restore, restart vDevice servers) and let the
+plugins hand out the ledger; publish the node's GPU inventory; then keep reconciling every check period and
+whenever pods change.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from gpumgr import node_inventory, podspec, vdriver
 from gpumgr.agent.config import AgentConfig
 from gpumgr.agent.reconcile import reconcile
 from gpumgr.agent.service import AllocationService, ServiceConfig
-from gpumgr.agent.state import NodeState
 from gpumgr.cgroups import CgroupReader
-from gpumgr.checkpoint import CheckpointError, CheckpointStore
+from gpumgr.checkpoint import CheckpointStore
 from gpumgr.choices import CordonWatch
 from gpumgr.deviceplugin.response import ResponseConfig
 from gpumgr.deviceplugin.servicer import PluginServicer
@@ -30,6 +30,7 @@ from gpumgr.health import HealthConfig, HealthMonitor
 from gpumgr.kube.client import KubeClient
 from gpumgr.kube.pod_cache import PodCache
 from gpumgr.metrics import AgentMetrics, MetricsServer, UsageReader, build_app, parse_addr, start_http
+from gpumgr.node.state import NodeState, load_checkpoint
 from gpumgr.node_labels import labels_patch, node_labels
 from gpumgr.vdevice.layout import VDeviceLayout
 from gpumgr.vdevice.server import VDeviceManager
@@ -77,7 +78,7 @@ class Agent:
                  ", ".join(sorted({g.name for g in inv.gpus})), inv.driver_version or "?")
         store = CheckpointStore(cfg.checkpoint_dir)
         state = NodeState(cfg.node_name, inv, store, cfg.memory_unit_mib)
-        self._load_checkpoint(state, store)
+        load_checkpoint(state)
         self.state = state
 
         self.pods = PodCache(self.kube, cfg.node_name)
@@ -89,15 +90,10 @@ class Agent:
         metrics = AgentMetrics()
         self.metrics = metrics
         self.cordon = CordonWatch(inv.gpus)
-        await self.refresh_cordon()
         reader = UsageReader(state, self.backend, self.pods.get, CgroupReader(cfg.cgroup_root), cordon=self.cordon)
         self.http = await start_http(build_app(metrics, reader, ready=lambda: self.ready),
                                      *parse_addr(cfg.metrics_addr))
         log.info("metrics on %s/metric (also /graph, /usage, /healthz, /readyz)", self.http.url)
-        synced = await self.pods.wait_synced(POD_SYNC_TIMEOUT_S)
-        if not synced:
-            log.error("pods on node %s not listed within %.0fs; carrying on, freeing nothing until they are",
-                      cfg.node_name, POD_SYNC_TIMEOUT_S)
 
         shim_dir = Path(cfg.shim_dir)
         await loop.run_in_executor(None, vdriver.install_shim, Path(cfg.shim_source), shim_dir)
@@ -115,51 +111,40 @@ class Agent:
             annotator=self.kube, events=metrics,
         )
         self.service.cordon = self.cordon
-        await reconcile(self.service, self.pods.synced, cfg.grace_s, "start")
         self.health = HealthMonitor(
             self.backend, state,
             HealthConfig(ignored_xids=frozenset(cfg.health_ignore_xids), temp_unhealthy_c=cfg.temp_unhealthy_c,
                          temp_healthy_c=cfg.temp_healthy_c),
             on_transition=self._on_health, on_xid=self._on_xid)
         await self.health.start()  # health is known before the plugins first list their devices
-        self._published = await self.publish_inventory()
-        await self.publish_labels()
 
+        # the plugins register now; their Allocate-side calls wait until the pods are listed and the start-up
+        # reconcile is done (only then may the ledger be handed out)
+        handing_out = asyncio.Event()
+        if self.mode != "dra":
+            self.supervisor = PluginSupervisor(cfg.device_plugin_dir, [
+                PluginSpec(podspec.RESOURCE_CORE, "vcore.sock",
+                           PluginServicer(self.service, "c", podspec.RESOURCE_CORE, ready=handing_out)),
+                PluginSpec(podspec.RESOURCE_MEMORY, "vmemory.sock",
+                           PluginServicer(self.service, "m", podspec.RESOURCE_MEMORY, ready=handing_out)),
+            ], on_register=self._on_register)
+            await self.supervisor.start()
+        await self.refresh_cordon()
+        synced = await self.pods.wait_synced(POD_SYNC_TIMEOUT_S)
+        if not synced:
+            log.error("pods on node %s not listed within %.0fs; carrying on, freeing nothing until they are",
+                      cfg.node_name, POD_SYNC_TIMEOUT_S)
+        await reconcile(self.service, self.pods.synced, cfg.grace_s, "start")
+        handing_out.set()
         if self.mode != "device-plugin":  # DRA claims come in through the same ledger, vDevice servers and health
             from gpumgr.dra.frontend import start_dra
 
             self.dra = await start_dra(self)
-        if self.mode != "dra":
-            self.supervisor = PluginSupervisor(cfg.device_plugin_dir, [
-                PluginSpec(podspec.RESOURCE_CORE, "vcore.sock",
-                           PluginServicer(self.service, "c", podspec.RESOURCE_CORE)),
-                PluginSpec(podspec.RESOURCE_MEMORY, "vmemory.sock",
-                           PluginServicer(self.service, "m", podspec.RESOURCE_MEMORY)),
-            ], on_register=self._on_register)
-            await self.supervisor.start()
+        self._published = await self.publish_inventory()
+        await self.publish_labels()
         for background in (self._reconcile_loop(), self._publish_loop(), self._cordon_loop()):
             self._tasks.append(asyncio.create_task(background))
         self.started = True
-
-    def _load_checkpoint(self, state: NodeState, store: CheckpointStore) -> None:
-        try:
-            res = store.load(expected_node=state.node_name)
-        except CheckpointError as e:
-            log.error("%s; starting from the kubelet checkpoint and the live pods instead", e)
-            return
-        for p in res.problems:
-            log.error("checkpoint skipped: %s", p)
-        snap = res.snapshot
-        if snap is None:
-            log.info("no checkpoint in %s: first start", store.dir)
-            return
-        if [c.memory_mib for c in snap.ledger.cards] != [g.memory_mib for g in state.inventory.gpus]:
-            log.error("checkpoint %s describes other cards than this node has; rebuilding from the kubelet "
-                      "checkpoint and the live pods", snap.path)
-            return
-        state.ledger = snap.ledger
-        log.info("checkpoint generation %d loaded from %s: %d allocations", snap.generation, snap.path,
-                 len(snap.ledger.allocations))
 
     async def _reconcile_loop(self) -> None:
         assert self.service is not None and self.pods is not None

@@ -14,19 +14,17 @@ import time
 from dataclasses import dataclass, field, replace
 
 from gpumgr import binding, podspec
-from gpumgr.agent.service import AllocationService, is_claim
+from gpumgr.agent.service import AllocationService
 from gpumgr.agent.truth import apply_truths
 from gpumgr.allocator import Allocation, Ledger
 from gpumgr.deviceplugin import ids as devids
-from gpumgr.dra.preparer import claim_vdevice_keys
 from gpumgr.kube.pod_cache import mirror_of
 from gpumgr.kubelet_checkpoint import KubeletCheckpointError
+from gpumgr.node.claims import is_claim
+from gpumgr.node.vdevices import start_server, sweep_orphans
 from gpumgr.vdevice.layout import allocation_key
 
 log = logging.getLogger("gpumgr.reconcile")
-
-ORPHAN_DIR_AGE_S = 60.0  # a vDevice directory with no allocation is removed once it is this old
-
 
 async def reconcile(service: AllocationService, pods_synced: bool, grace_s: float, why: str,
                     full: bool = True) -> Report:
@@ -68,20 +66,26 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
         if is_claim(a):  # a DRA claim's: its own front end answers for it
             continue
         owner = owners.get(a.key)
-        uid = owner[0] if owner else (a.meta.get("pod_uid") if a.meta.get("verified") == "true" else None)
+        uid = owner[0] if owner else (a.pod_uid if a.verified else None)
         if uid:
             if pods_synced and uid not in pods:
                 gone.append((a.key, uid))
             elif uid in pods and uid not in live:
                 release.append(a.key)
                 report.freed_finished += 1
-        elif kubelet_ok and now - float(a.meta.get("created", "0") or 0) > grace_s:
+        elif kubelet_ok and now - (a.created or 0) > grace_s:
             release.append(a.key)  # never recorded by the kubelet: the admission failed or was never completed
             report.freed_unrecorded += 1
-    if gone:  # the cache can lag or be stale: free only what a fresh list confirms
+    # the watch's own word (it saw the pod deleted) is final; a pod merely missing from the cache (which can lag
+    # or be stale) is freed only when a fresh list confirms it, which costs a list of every pod on the node
+    certain = [k for k, uid in gone if service.pods.known_finished(uid)]
+    release += certain
+    report.freed_gone += len(certain)
+    unsure = [(k, uid) for k, uid in gone if k not in certain]
+    if unsure:
         still = await service.pods.live_uids()
         if still is not None:
-            confirmed = [k for k, uid in gone if uid not in still]
+            confirmed = [k for k, uid in unsure if uid not in still]
             release += confirmed
             report.freed_gone += len(confirmed)
 
@@ -93,13 +97,12 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
         pod = pods[uid]
         if have is not None and is_claim(have):
             continue
-        if have is not None and have.meta.get("pod_uid") == uid and have.meta.get("container") == cname:
-            if have.meta.get("verified") == "true" or (pod.get("status") or {}).get("phase") != "Running":
+        if have is not None and have.pod_uid == uid and have.container == cname:
+            if have.verified or (pod.get("status") or {}).get("phase") != "Running":
                 continue
             # the kubelet names this owner and the container runs, so its PreStart was passed: a ledger that lost
             # that (an older checkpoint generation after a torn write) verifies it again, and its server restarts
-            restore.append(replace(have, meta={**{k: v for k, v in have.meta.items() if k != "guess_of"},
-                                               "verified": "true"}))
+            restore.append(replace(have, guess_of=None, verified=True))
             continue
         ask = binding.find_container(pod, cname)
         if ask is None:
@@ -119,9 +122,9 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
     restore = _group_reuse(restore, owners)
     # a container riding on a reservation that is gone (its pod's other container was freed) reserves again
     for a in state.ledger.allocations.values():
-        if not a.reserve and not is_claim(a) and a.meta.get("rides_on") not in state.ledger.allocations \
+        if not a.reserve and not is_claim(a) and a.rides_on not in state.ledger.allocations \
                 and a.key not in release and all(r.key != a.key for r in restore):
-            restore.append(replace(a, reserve=True, meta={k: v for k, v in a.meta.items() if k != "rides_on"}))
+            restore.append(replace(a, reserve=True, rides_on=None))
     if restore:
         def apply(ledger: Ledger) -> None:
             report.conflicts = [why for _, why in apply_truths(ledger, restore, owners, seen)]
@@ -134,22 +137,16 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
     # vDevice servers: every verified allocation of a live pod has one, nothing else does
     running = service.vdevices.running()
     for a in list(state.ledger.allocations.values()):
-        uid = a.meta.get("pod_uid", "")
-        if is_claim(a) or a.meta.get("verified") != "true" or uid not in live:
+        uid = a.pod_uid
+        if is_claim(a) or not a.verified or uid not in live:
             continue
-        limits = service.limits_for(a, pods[uid])
+        limits = service.limits.get(a, pods[uid])
         if running.get(a.key) != limits:
-            await service.vdevices.start(a.key, limits, service.bus_ids(a))
+            await start_server(service.vdevices, state.inventory, a.key, limits, a.cards)
             report.vdevices_started += 1
             service.schedule_annotations(uid)
-    keep = set(state.ledger.allocations) | claim_vdevice_keys(state.ledger)  # DRA claims' directories stay
-    for key in set(running) | set(service.layout.keys()):
-        if key in keep:
-            continue
-        if key not in running and service.layout.age_s(key) < ORPHAN_DIR_AGE_S:
-            continue  # made by an Allocate that is still being recorded: not an orphan yet
-        await service.vdevices.stop(key)
-        report.vdevices_removed += 1
+    service.limits.keep_only(state.ledger.allocations)
+    report.vdevices_removed += await sweep_orphans(state, service.layout, service.vdevices)
     if report.changed:
         log.info("reconcile (%s): %s", why, report.summary())
     return report
@@ -161,7 +158,7 @@ def _group_reuse(restore: list[Allocation], owners: dict[str, tuple[str, str, tu
     out = list(restore)
     by_pod: dict[str, list[int]] = {}
     for i, a in enumerate(out):
-        by_pod.setdefault(a.meta.get("pod_uid", ""), []).append(i)
+        by_pod.setdefault(a.pod_uid, []).append(i)
     for idxs in by_pod.values():
         if len(idxs) < 2:
             continue
@@ -172,7 +169,7 @@ def _group_reuse(restore: list[Allocation], owners: dict[str, tuple[str, str, tu
             if set(owners[out[i].key][2]) <= top_ids:
                 if out[top].cores < 100:
                     out[top] = replace(out[top], memory_mib=max(out[top].memory_mib, out[i].memory_mib))
-                out[i] = replace(out[i], reserve=False, meta={**out[i].meta, "rides_on": out[top].key})
+                out[i] = replace(out[i], reserve=False, rides_on=out[top].key)
     return out
 
 

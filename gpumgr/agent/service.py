@@ -4,7 +4,8 @@ Allocate (vcuda-core) takes the cards named by the kubelet's IDs into the ledger
 with the memory of the pod it guesses (see binding.py), and answers with the mounts of that key's vDevice
 directory. PreStartContainer reads the kubelet checkpoint for the exact owner, repairs a wrong guess, writes the
 container's limits and starts its vDevice server. vcuda-memory IDs are capacity tokens: the card comes from
-vcuda-core, the amount from the pod spec.
+vcuda-core, the amount from the pod spec. Settling guesses the kubelet has named, and failing a pod that can never
+fit, are in settle.py; the ledger, limits and vDevice servers are the node core's (gpumgr/node/).
 """
 
 from __future__ import annotations
@@ -22,16 +23,19 @@ from typing import Any, Protocol
 from gpumgr import binding, podspec, vdriver
 from gpumgr.agent import guess
 from gpumgr.agent.errors import PluginError
-from gpumgr.agent.state import NodeState
-from gpumgr.agent.truth import apply_truths, is_claim
-from gpumgr.allocator import Allocation, InvalidRequest, Ledger, LedgerError, NoFit, Request, choose
+from gpumgr.agent.settle import Settling, identity
+from gpumgr.agent.truth import apply_truths
+from gpumgr.allocator import Allocation, ContainerHolder, InvalidRequest, Ledger, LedgerError, NoFit, Request, choose
 from gpumgr.choices import NO_CORDON, Cordon
 from gpumgr.deviceplugin import ids as devids
 from gpumgr.deviceplugin import response
 from gpumgr.kubelet_checkpoint import KubeletCheckpoint, KubeletCheckpointError, find_owners, read_kubelet_checkpoint
+from gpumgr.node.claims import is_claim
+from gpumgr.node.limits import LimitsMemo
+from gpumgr.node.state import NodeState
+from gpumgr.node.vdevices import start_server
 from gpumgr.pb import deviceplugin_pb2 as pb
 from gpumgr.vdevice.layout import VDeviceLayout, allocation_key
-from gpumgr.vdevice.limits import DeviceLimit, Limits
 from gpumgr.vdevice.server import VDeviceManager
 
 log = logging.getLogger("gpumgr.agent")
@@ -40,11 +44,8 @@ CANDIDATE_WAIT_S = 5.0  # how long Allocate waits for the pending pod to show up
 WATCH_LAG_S = 0.3  # how long Allocate waits for the pod watch before listing pods live
 OWNER_WAIT_S = 3.0  # how long PreStart waits for the kubelet checkpoint to name the owner
 PRESTART_LIST_S = 10.0  # how long PreStart waits for a live pod list (its whole work stays well under 30 s)
-FAIL_ATTEMPTS, FAIL_RETRY_S = 4, 0.5  # marking a pod Failed: attempts, and the first pause between them
-FAILING_KEPT = 1024  # pods decided to fail at PreStart that are remembered (their later PreStarts are refused)
 MEMORY_HINT_S = 10.0  # a vcuda-memory Allocate tells the next vcuda-core Allocate its memory for this long
 NAMELESS_GRACE_S = 5.0  # an allocation made for no known pod is not judged dead before this age
-FAIL_REASON = "GPUAllocationUnfit"  # pod condition and event reason when a pod is failed at PreStart
 
 
 class PodSource(Protocol):
@@ -70,7 +71,7 @@ class Events(Protocol):
     def observe_allocate(self, seconds: float, ok: bool, reason: str = "") -> None: ...
 
 
-class AllocationService:
+class AllocationService(Settling):
     def __init__(self, state: NodeState, pods: PodSource, layout: VDeviceLayout, vdevices: VDeviceManager,
                  config: ServiceConfig, annotator: Annotator | None = None, events: Events | None = None):
         self.state = state
@@ -80,15 +81,15 @@ class AllocationService:
         self.config = config
         self.annotator = annotator
         self.events = events
+        self.limits = LimitsMemo(state.inventory, state.memory_unit_mib)  # each container's limits, from its pod
         inv = state.inventory
         self._core_ids = {g.index: devids.core_ids(g) for g in inv.gpus}
         self._mem_ids = {g.index: devids.memory_ids(g, state.memory_unit_mib) for g in inv.gpus}
         self._annotate_tasks: set[asyncio.Task[None]] = set()
         self._api_slots = asyncio.Semaphore(4)  # background API calls at once (they run in threads)
-        self._index_of = {g.uuid: g.index for g in inv.gpus}
         self._kubelet_cache: tuple[tuple[int, int, int], KubeletCheckpoint] | None = None
-        self._advertised = {"c": {d for ids in self._core_ids.values() for d in ids},
-                            "m": {d for ids in self._mem_ids.values() for d in ids}}
+        self._advertised = {"c": {d: i for i, ids in self._core_ids.items() for d in ids},  # ID -> its card
+                            "m": {d: i for i, ids in self._mem_ids.items() for d in ids}}
         # vcuda-memory units of the container being admitted, when its memory Allocate came before its core one
         # (when, units, kubelet checkpoint stamp then); the kubelet writes its checkpoint once a container's
         # resources are all allocated (or its admission failed), so a changed stamp means the hint is stale
@@ -146,9 +147,8 @@ class AllocationService:
         out: dict[int, list[str]] = {}
         advertised = self._advertised[kind]
         for d in device_ids:
-            uuid, sep, _rest = d.rpartition(devids.SEP)
-            index = self._index_of.get(uuid)
-            if not sep or index is None or d not in advertised:
+            index = advertised.get(d)
+            if index is None:
                 raise devids.BadDeviceID(f"{d!r} is not a device of this plugin on this node")
             out.setdefault(index, []).append(d)
         return out
@@ -185,10 +185,9 @@ class AllocationService:
             return planned.cards
         # vcuda-memory: the card of the container's vcuda-core allocation, when it was made first
         for a in reversed(list(self.state.ledger.allocations.values())):
-            if a.meta.get("verified") != "true" and a.cores < 100:
-                mem_units = int(a.meta.get("memory_units", "-1"))
-                if mem_units == size:
-                    return a.cards
+            h = a.container_holder
+            if not a.verified and a.cores < 100 and h is not None and h.memory_units == size:
+                return a.cards
         return None
 
     # -- Allocate -------------------------------------------------------------------------------------------
@@ -229,7 +228,7 @@ class AllocationService:
         reused = self._reuse_base(set(device_ids), dead)
         if reused is not None:  # IDs of the pod's init container: it is that pod, and it needs the larger of the two
             dead = [*dead, reused]  # judged as if free (the change below records both in one reservation)
-            cands = [c for c in cands if c.uid == reused.meta.get("pod_uid")] or cands
+            cands = [c for c in cands if c.uid == reused.pod_uid] or cands
         if cands:
             trial = self._without(dead)
             verdict = guess.judge(self.state.topology, trial, cands, cards, unit)
@@ -262,18 +261,14 @@ class AllocationService:
                 "to give (is the pod bound to this node and visible to the agent?)", "no_pod")
         if cand is not None and verdict is not None:
             alloc = self._allocation_for(cand, cards, key, ids=device_ids)
-            meta = dict(alloc.meta)
             certain = verdict.certain_memory_mib(unit)
             if hint is not None and any(c.ask.memory_units == hint for c in verdict.here):
                 certain = guess.memory_of(cand, unit)  # its vcuda-memory Allocate said how much
-            if certain is not None:
-                meta["answered_memory_mib"] = str(certain)
-            if len(verdict.here) > 1:
-                meta["guess_of"] = str(len(verdict.here))
-            alloc = replace(alloc, memory_mib=verdict.reserve_mib(unit) if cores < 100 else 0, meta=meta)
+            alloc = replace(alloc, memory_mib=verdict.reserve_mib(unit) if cores < 100 else 0,
+                            answered_memory_mib=certain,
+                            guess_of=len(verdict.here) if len(verdict.here) > 1 else None)
         else:
-            alloc = Allocation(key=key, cards=cards, cores=cores, memory_mib=0,
-                               meta={"verified": "false", "created": str(int(time.time()))})
+            alloc = Allocation(key=key, cards=cards, cores=cores, memory_mib=0, created=int(time.time()))
         if reused is not None:
             dead.remove(reused)
         change = self._with_reuse(alloc, set(device_ids), dead)
@@ -288,19 +283,17 @@ class AllocationService:
         for d in dead:  # its server goes; the directory stays when the new allocation has the same key
             await self.vdevices.stop(d.key, remove_dir=d.key != key)
             log.info("allocate: freed cards %s of %s/%s container %s (key %s): the kubelet no longer records it "
-                     "and its pod is gone or finished", list(d.cards), d.meta.get("namespace", "?"),
-                     d.meta.get("pod", "?"), d.meta.get("container", "?"), d.key)
+                     "and its pod is gone or finished", list(d.cards), *_names(d), d.key)
         log.info("allocate: cards %s cores %d memory %d MiB key %s for %s/%s container %s (guess among %d)",
-                 list(cards), cores, alloc.memory_mib, key, alloc.meta.get("namespace", "?"),
-                 alloc.meta.get("pod", "?"), alloc.meta.get("container", "?"), len(verdict.here) if verdict else 0)
+                 list(cards), cores, alloc.memory_mib, key, *_names(alloc), len(verdict.here) if verdict else 0)
         return self._response(alloc), True
 
     def _app_reusing(self, existing: Allocation, ckpt: KubeletCheckpoint | None, cores: int) -> Allocation | None:
         """When the kubelet hands exactly an init container's IDs (which its checkpoint records for that init
         container) to an app container of the same pod: the app container's allocation under the same key."""
-        if existing.meta.get("init") != "true" or ckpt is None:
+        if not existing.is_init or ckpt is None:
             return None
-        pod = self.pods.get(existing.meta.get("pod_uid", ""))
+        pod = self.pods.get(existing.pod_uid)
         if pod is None:
             return None
         inits = {c.get("name") for c in (pod.get("spec") or {}).get("initContainers") or []}
@@ -313,7 +306,7 @@ class AllocationService:
         if not apps:
             return None
         alloc = self._allocation_for(binding.Candidate(pod, apps[0], None, ()), existing.cards, existing.key)
-        return replace(alloc, meta={**alloc.meta, "answered_memory_mib": str(alloc.memory_mib)})
+        return replace(alloc, answered_memory_mib=alloc.memory_mib)
 
     async def _hand_on(self, init: Allocation, app: Allocation) -> pb.ContainerAllocateResponse:
         def change(ledger: Ledger) -> None:
@@ -325,11 +318,10 @@ class AllocationService:
         try:
             await self.state.commit(change)
         except LedgerError as e:
-            raise PluginError.exhausted(f"cannot hand cards {list(init.cards)} on to {app.meta.get('pod')} container "
-                                        f"{app.meta.get('container')}: {e}") from None
+            raise PluginError.exhausted(f"cannot hand cards {list(init.cards)} on to {app.pod} container "
+                                        f"{app.container}: {e}") from None
         log.info("allocate: %s/%s container %s takes over the devices of init container %s (key %s)",
-                 app.meta.get("namespace"), app.meta.get("pod"), app.meta.get("container"),
-                 init.meta.get("container"), init.key)
+                 app.namespace, app.pod, app.container, init.container, init.key)
         return self._response(app)
 
     def allocate_memory(self, device_ids: list[str]) -> pb.ContainerAllocateResponse:
@@ -376,8 +368,7 @@ class AllocationService:
         """The reserving allocation of an init container whose devices the kubelet hands on (same pod)."""
         gone = {d.key for d in dead}
         return next((a for a in self.state.ledger.allocations.values()
-                     if a.key not in gone and a.reserve and a.meta.get("ids")
-                     and ids & set(a.meta["ids"].split(","))), None)
+                     if a.key not in gone and a.reserve and a.ids and ids & set(a.ids)), None)
 
     def _without(self, dead: list[Allocation]) -> Ledger:
         trial = self.state.ledger.copy()
@@ -399,88 +390,19 @@ class AllocationService:
         recorded = {allocation_key(e.device_ids) for e in ckpt.entries if e.resource_name == podspec.RESOURCE_CORE}
         now = time.time()
         maybe = [a for a in allocs if not is_claim(a) and a.key not in recorded
-                 and (a.meta.get("pod_uid") or now - float(a.meta.get("created", "0") or 0) > NAMELESS_GRACE_S)]
+                 and (a.pod_uid or now - (a.created or 0) > NAMELESS_GRACE_S)]
         if not maybe:
             return []
         # the watch's own word (deleted, or Succeeded/Failed) is final; only a pod merely missing from the cache
         # needs a fresh list (the cache may lag), which costs a list of every pod on the node
-        certain = [a for a in maybe if a.meta.get("pod_uid") and self.pods.known_finished(a.meta["pod_uid"])]
+        certain = [a for a in maybe if a.pod_uid and self.pods.known_finished(a.pod_uid)]
         unsure = [a for a in maybe if a not in certain]
         if not unsure:
             return certain
         live = await self.pods.live_uids()
         if live is None:
             return certain
-        return certain + [a for a in unsure if a.meta.get("pod_uid", "") not in live]
-
-    async def _settle(self, ckpt: KubeletCheckpoint | None) -> None:
-        """Guesses the kubelet checkpoint already names the owner of (admitted, not yet started) take that owner
-        and its own memory now, so that what they reserved for the other pods they could have been is free for
-        the next admission. They stay unverified until their PreStartContainer. What to change is decided on the
-        ledger inside the commit (never on a snapshot a concurrent change may have made stale)."""
-        if ckpt is None:
-            return
-        listed: dict[str, list[tuple[str, str]]] = {}
-        for e in ckpt.entries:
-            if e.resource_name == podspec.RESOURCE_CORE:
-                listed.setdefault(allocation_key(e.device_ids), []).append((e.pod_uid, e.container_name))
-        recorded = set(listed)
-        seen = dict(self.state.ledger.allocations)  # (as the checkpoint was read: only these may be evicted)
-        planned = self._settle_truths(self.state.ledger, ckpt, listed)
-        if not planned:
-            return  # nothing to settle: no checkpoint write
-        dead: list[Allocation] = []
-        if apply_truths(self.state.ledger.copy(), planned, recorded, seen):  # holders the kubelet let go may be
-            dead = await self._dead_holders(self._holders_on(None, skip=[]), ckpt)  # in the way
-        tried: list[Allocation] = []
-
-        def settle(ledger: Ledger) -> list[tuple[str, str]]:
-            for d in dead:  # holders the kubelet let go, of gone pods: their room is free before settling
-                if ledger.held_by(d.key) == d:
-                    ledger.release(d.key)
-            tried[:] = self._settle_truths(ledger, ckpt, listed)
-            return apply_truths(ledger, tried, recorded, seen)
-
-        conflicts = await self.state.commit(settle)
-        for d in dead:
-            if self.state.ledger.held_by(d.key) is None:
-                await self.vdevices.stop(d.key)
-        log.info("allocate: the kubelet checkpoint names the owners of %d guessed allocation(s); settled (%d "
-                 "conflicts)", len(tried), len(conflicts))
-        by_key = {t.key: t for t in tried}
-        for k, why in conflicts:
-            # the kubelet admitted a container where it cannot run: fail its pod now rather than at its start
-            t = by_key[k]
-            pod = self.pods.get(t.meta.get("pod_uid", ""))
-            if pod is not None:
-                await self._fail_pod(pod, t.meta.get("container", "?"), t.key,
-                                     f"does not fit on cards {list(t.cards)}: {why}")
-
-    def _settle_truths(self, ledger: Ledger, ckpt: KubeletCheckpoint,
-                       listed: dict[str, list[tuple[str, str]]]) -> list[Allocation]:
-        """The owners the kubelet names for the unverified reserving guesses of `ledger`, with their own memory."""
-        truths: list[Allocation] = []
-        for k, owners in listed.items():
-            have = ledger.held_by(k)
-            if have is None or is_claim(have) or not have.reserve or have.meta.get("verified") == "true":
-                continue
-            pod = self.pods.get(owners[0][0])
-            if pod is None:
-                continue
-            _, cname = binding.app_owner(owners, pod)
-            if _identity(have) == (str(pod["metadata"]["uid"]), cname) and "guess_of" not in have.meta:
-                continue
-            ask = binding.find_container(pod, cname)
-            if ask is None or ask.cores != have.cores:
-                continue
-            ids = next(e.device_ids for e in ckpt.entries if e.resource_name == podspec.RESOURCE_CORE
-                       and allocation_key(e.device_ids) == k)
-            truth = self._allocation_for(binding.Candidate(pod, ask, None, ()), have.cards, k, ids=list(ids))
-            meta = {**truth.meta, "answered_memory_mib": have.meta.get("answered_memory_mib", "")}
-            riders = [a.memory_mib for a in ledger.allocations.values() if a.meta.get("rides_on") == k]
-            truths.append(replace(truth, memory_mib=max([truth.memory_mib, *riders]) if ask.cores < 100 else 0,
-                                  meta={m: v for m, v in meta.items() if v}))
-        return truths
+        return certain + [a for a in unsure if a.pod_uid not in live]
 
     async def _kubelet_checkpoint_or_none(self) -> KubeletCheckpoint | None:
         try:
@@ -508,13 +430,13 @@ class AllocationService:
                 ledger.assign(alloc)
 
             return plain
-        old = set(base.meta["ids"].split(","))
+        old = set(base.ids)
         if ids >= old:
             primary = replace(alloc, memory_mib=max(alloc.memory_mib, base.memory_mib) if alloc.cores < 100 else 0)
-            rider = replace(base, reserve=False, meta={**base.meta, "rides_on": alloc.key})
+            rider = replace(base, reserve=False, rides_on=alloc.key)
         elif ids <= old:
             primary = replace(base, memory_mib=max(alloc.memory_mib, base.memory_mib) if base.cores < 100 else 0)
-            rider = replace(alloc, reserve=False, meta={**alloc.meta, "rides_on": base.key})
+            rider = replace(alloc, reserve=False, rides_on=base.key)
         else:
             def partial(ledger: Ledger) -> None:
                 free_dead(ledger)
@@ -589,23 +511,20 @@ class AllocationService:
                 out.add((str(pod["metadata"]["uid"]) if pod else e.pod_uid, e.container_name))
                 recorded.add(allocation_key(e.device_ids))
         for a in self.state.ledger.allocations.values():
-            if a.meta.get("verified") == "true" or ("guess_of" not in a.meta and a.key not in recorded):
-                out.add(_identity(a))  # (where the kubelet names the holder, its word counts, not the guess)
+            if a.verified or (a.guess_of is None and a.key not in recorded):
+                out.add(identity(a))  # (where the kubelet names the holder, its word counts, not the guess)
         return out
 
     def _allocation_for(self, cand: binding.Candidate, cards: tuple[int, ...], key: str,
                         verified: bool = False, ids: list[str] | None = None) -> Allocation:
         ask = cand.ask
         memory = 0 if ask.cores >= 100 else ask.memory_units * self.state.memory_unit_mib
-        meta = {
-            "pod_uid": cand.uid, "namespace": cand.namespace, "pod": cand.name, "container": ask.name,
-            "container_index": str(ask.index), "init": "true" if ask.init else "false",
-            "memory_units": str(ask.memory_units), "verified": "true" if verified else "false",
-            "created": str(int(time.time())),
-        }
-        if ask.init and ids:  # the kubelet may hand these devices on to the pod's app containers
-            meta["ids"] = ",".join(sorted(ids))
-        return Allocation(key=key, cards=tuple(cards), cores=ask.cores, memory_mib=memory, meta=meta)
+        holder = ContainerHolder(pod_uid=cand.uid, namespace=cand.namespace, pod=cand.name, container=ask.name,
+                                 container_index=ask.index, init=ask.init, memory_units=ask.memory_units)
+        return Allocation(key=key, cards=tuple(cards), cores=ask.cores, memory_mib=memory, holder=holder,
+                          verified=verified, created=int(time.time()),
+                          # the kubelet may hand an init container's devices on to the pod's app containers
+                          ids=tuple(sorted(ids)) if ask.init and ids else ())
 
     def _response(self, alloc: Allocation) -> pb.ContainerAllocateResponse:
         """The answer; its `tencent.com/vcuda-memory` annotation is the container's own memory when that is known
@@ -615,10 +534,10 @@ class AllocationService:
         known: int | None
         if alloc.cores >= 100:
             known = sum(g.memory_mib for g in gpus)
-        elif "answered_memory_mib" in alloc.meta:
-            known = int(alloc.meta["answered_memory_mib"])
-        elif alloc.meta.get("verified") == "true" and alloc.meta.get("memory_units", "").isdigit():
-            known = int(alloc.meta["memory_units"]) * self.state.memory_unit_mib
+        elif alloc.answered_memory_mib is not None:
+            known = alloc.answered_memory_mib
+        elif alloc.verified and alloc.container_holder is not None and alloc.container_holder.memory_units is not None:
+            known = alloc.container_holder.memory_units * self.state.memory_unit_mib
         else:
             known = None
         resp = response.build(self.config.response, gpus, alloc.cores, (known or 0) << 20,
@@ -659,51 +578,6 @@ class AllocationService:
                 self._background(self._warn(pod, "GPUPreStartFailed", e.message))
             raise
 
-    async def _fail_pod(self, pod: Mapping[str, Any], container: str, key: str, why: str) -> None:
-        """A container that can never be given what it asks: the pod is marked Failed with a condition and an event
-        that say why and what to do (in the background), its later PreStarts are refused, and what it holds that
-        no started container uses is freed: `key` and the pod's other unverified allocations. Verified ones belong
-        to containers that are running; reconcile frees them once the pod is really terminal."""
-        self.prestart_failures += 1
-        meta = pod["metadata"]
-        uid = str(meta["uid"])
-        message = (f"container {container}: {why}. The GPU share it was admitted with cannot hold it; delete the pod "
-                   "(its controller recreates it) so that it is admitted again where it fits")
-        log.error("prestart: failing pod %s/%s: %s (failures so far: %d)", meta.get("namespace"), meta.get("name"),
-                  message, self.prestart_failures)
-        self._failing[uid] = message
-        while len(self._failing) > FAILING_KEPT:
-            self._failing.popitem(last=False)
-        mine = [a.key for a in self.state.ledger.allocations.values()
-                if (a.meta.get("pod_uid") == uid or a.key == key) and not is_claim(a)
-                and a.meta.get("verified") != "true"]
-        await self.release(mine, "its pod was failed at PreStartContainer", unverified_only=True)
-        if self.annotator is not None:
-            self._background(self._mark_failed(pod, message))
-
-    async def _mark_failed(self, pod: Mapping[str, Any], message: str) -> None:
-        """The event, then the Failed status (retried a few times: until it is written, the pod's containers that
-        were started keep running and their shares stay held)."""
-        meta = pod["metadata"]
-        if self.annotator is None:
-            return
-        try:
-            async with self._api_slots:
-                await self.annotator.record_event(pod, FAIL_REASON, message)
-        except Exception as e:  # noqa: BLE001 - the refusal still tells the kubelet
-            log.warning("could not record the event of failing pod %s/%s: %s", meta.get("namespace"),
-                        meta.get("name"), e)
-        for attempt in range(FAIL_ATTEMPTS):
-            try:
-                async with self._api_slots:
-                    await self.annotator.fail_pod(str(meta.get("namespace", "default")), str(meta["name"]),
-                                                  FAIL_REASON, message)
-                return
-            except Exception as e:  # noqa: BLE001 - its PreStarts are refused all the same
-                log.warning("could not mark pod %s/%s Failed (attempt %d of %d): %s", meta.get("namespace"),
-                            meta.get("name"), attempt + 1, FAIL_ATTEMPTS, e)
-            await asyncio.sleep(FAIL_RETRY_S * 2 ** attempt)
-
     async def _verify(self, pod: Mapping[str, Any], container: str, cards: tuple[int, ...],
                       device_ids: list[str], key: str, ckpt: KubeletCheckpoint,
                       seen: Mapping[str, Allocation]) -> None:
@@ -720,10 +594,10 @@ class AllocationService:
         truth = self._verified(self.state.ledger, first)
         current = self.state.ledger.held_by(key)
         if current != truth:
-            if current is not None and _identity(current) != _identity(truth):
+            if current is not None and identity(current) != identity(truth):
                 log.warning("prestart: allocation %s was guessed for %s/%s container %s; the kubelet says %s/%s "
-                            "container %s: repaired before any limit was written", key, current.meta.get("namespace"),
-                            current.meta.get("pod"), current.meta.get("container"), meta.get("namespace"),
+                            "container %s: repaired before any limit was written", key, current.namespace,
+                            current.pod, current.container, meta.get("namespace"),
                             meta.get("name"), container)
             recorded = {allocation_key(e.device_ids) for e in ckpt.entries if e.resource_name == podspec.RESOURCE_CORE}
             made: list[Allocation] = []
@@ -748,8 +622,7 @@ class AllocationService:
                                                f"{container} does not fit on cards {list(cards)}: {e}",
                                                "no_fit") from None
             truth = made[0]
-        limits = self.limits_for(truth, pod)
-        await self.vdevices.start(key, limits, self.bus_ids(truth))
+        await start_server(self.vdevices, self.state.inventory, key, self.limits.get(truth, pod), truth.cards)
         log.info("prestart: pod %s/%s container %s verified on cards %s (key %s)", meta.get("namespace"),
                  meta.get("name"), container, list(cards), key)
         self.schedule_annotations(uid)
@@ -760,12 +633,11 @@ class AllocationService:
         its reservation if a reusing container rides on it, else shrinks what was reserved for the other pods it
         could have been to the container's own ask; marked verified."""
         current = ledger.held_by(truth.key)
-        if current is None or _identity(current) != _identity(truth):
+        if current is None or identity(current) != identity(truth):
             return truth
-        riders = [a.memory_mib for a in ledger.allocations.values() if a.meta.get("rides_on") == truth.key]
+        riders = [a.memory_mib for a in ledger.allocations.values() if a.rides_on == truth.key]
         memory = max([truth.memory_mib, *riders]) if current.reserve and truth.cores < 100 else current.memory_mib
-        return replace(current, memory_mib=memory, meta={
-            **{k: v for k, v in current.meta.items() if k != "guess_of"}, "verified": "true"})
+        return replace(current, memory_mib=memory, guess_of=None, verified=True)
 
     def _corrected_guesses(self, ckpt: KubeletCheckpoint, skip: str, ledger: Ledger) -> list[Allocation]:
         """Unverified allocations whose owner, per the kubelet checkpoint, is not the pod guessed at Allocate."""
@@ -775,10 +647,10 @@ class AllocationService:
                 continue
             k = allocation_key(e.device_ids)
             have = ledger.held_by(k)
-            if k == skip or have is None or have.meta.get("verified") == "true":
+            if k == skip or have is None or have.verified:
                 continue
             pod = self.pods.get(e.pod_uid)
-            if _identity(have) == (str((pod or {}).get("metadata", {}).get("uid", e.pod_uid)), e.container_name):
+            if identity(have) == (str((pod or {}).get("metadata", {}).get("uid", e.pod_uid)), e.container_name):
                 continue
             ask = binding.find_container(pod, e.container_name) if pod else None
             if pod is None or ask is None or ask.cores != have.cores:
@@ -807,7 +679,11 @@ class AllocationService:
             await asyncio.sleep(0.1)
 
     async def kubelet_checkpoint(self) -> KubeletCheckpoint:
-        """The kubelet's checkpoint (read off the event loop, parsed again only when the file changed)."""
+        """The kubelet's checkpoint, parsed again (off the event loop) only when the file changed: an unchanged
+        file costs one stat, with no wait for the I/O thread."""
+        cached, stamp = self._kubelet_cache, self._kubelet_stamp()
+        if stamp is not None and cached is not None and cached[0] == stamp:
+            return cached[1]
         return await self.state.run_io(self._read_kubelet_checkpoint, self.config.kubelet_checkpoint)
 
     def _read_kubelet_checkpoint(self, path: Path) -> KubeletCheckpoint:
@@ -822,29 +698,6 @@ class AllocationService:
         if stamp is not None:
             self._kubelet_cache = (stamp, ckpt)
         return ckpt
-
-    def bus_ids(self, alloc: Allocation) -> frozenset[str]:
-        gpus = [self.state.inventory.gpus[c] for c in alloc.cards]
-        return frozenset(g.bus_id for g in gpus if g.bus_id)
-
-    def limits_for(self, alloc: Allocation, pod: Mapping[str, Any]) -> Limits:
-        """The container's own limits, from what it asks (its allocation may reserve more for a reusing pod)."""
-        gpus = [self.state.inventory.gpus[c] for c in alloc.cards]
-        ask = binding.find_container(pod, alloc.meta.get("container", ""))
-        if ask is not None and ask.cores == alloc.cores and alloc.cores < 100:
-            alloc = replace(alloc, memory_mib=ask.memory_units * self.state.memory_unit_mib)
-        if alloc.cores >= 100:
-            return Limits(pod_uid=alloc.meta["pod_uid"], container_name=alloc.meta["container"], core_limit=0,
-                          hard_limit=True, core_ceiling=0,
-                          devices=tuple(DeviceLimit(g.uuid, g.index, 0) for g in gpus))
-        ceiling = binding.core_ceiling(pod)
-        if ceiling is not None:
-            ceiling = max(ceiling, alloc.cores)  # a ceiling below the share would be a harder limit than asked
-        return Limits(
-            pod_uid=alloc.meta["pod_uid"], container_name=alloc.meta["container"], core_limit=alloc.cores,
-            hard_limit=ceiling is None, core_ceiling=ceiling or 0,
-            devices=tuple(DeviceLimit(g.uuid, g.index, alloc.memory_mib << 20) for g in gpus),
-        )
 
     # -- pod annotations ------------------------------------------------------------------------------------
     def schedule_annotations(self, uid: str) -> None:
@@ -865,15 +718,15 @@ class AllocationService:
         pod = self.pods.get(uid)
         if pod is None or self.annotator is None:
             return
-        mine = [a for a in self.state.ledger.allocations.values()
-                if a.meta.get("pod_uid") == uid and a.meta.get("verified") == "true" and a.meta.get("init") != "true"]
+        mine = [(h.container_index, a) for a in self.state.ledger.allocations.values()
+                if (h := a.container_holder) is not None and h.pod_uid == uid and a.verified and not h.init]
         inv = self.state.inventory
         ann: dict[str, str | None] = {
-            f"{podspec.ANN_PREDICATE_IDX}{a.meta['container_index']}": ",".join(str(inv.gpus[c].minor) for c in a.cards)
-            for a in mine
+            f"{podspec.ANN_PREDICATE_IDX}{index}": ",".join(str(inv.gpus[c].minor) for c in a.cards)
+            for index, a in mine
         }
         wanted = {(ask.index) for ask in podspec.gpu_containers(pod)}
-        done = {int(a.meta["container_index"]) for a in mine}
+        done = {index for index, _ in mine}
         if wanted <= done:
             ann[podspec.ANN_ASSIGNED] = "true"
         meta = pod["metadata"]
@@ -906,7 +759,7 @@ class AllocationService:
             out = []
             for k in held:
                 a = ledger.held_by(k)
-                if a is None or (unverified_only and a.meta.get("verified") == "true") \
+                if a is None or (unverified_only and a.verified) \
                         or (expect is not None and expect.get(k) != a):
                     continue
                 ledger.release(k)
@@ -918,8 +771,7 @@ class AllocationService:
         freed: list[Allocation] = await self.state.commit(free)
         for a in freed:
             await self.vdevices.stop(a.key)
-            log.info("released cards %s of %s/%s container %s (key %s): %s", list(a.cards),
-                     a.meta.get("namespace", "?"), a.meta.get("pod", "?"), a.meta.get("container", "?"), a.key, why)
+            log.info("released cards %s of %s/%s container %s (key %s): %s", list(a.cards), *_names(a), a.key, why)
         return freed
 
     async def release_ids(self, device_ids: list[str]) -> None:
@@ -939,26 +791,27 @@ class AllocationService:
 
 def _unconfirmed(a: Allocation) -> Allocation:
     """`a` without the memory its first answer named, unless a PreStart verified its owner."""
-    if a.meta.get("verified") == "true" or "answered_memory_mib" not in a.meta:
+    if a.verified or a.answered_memory_mib is None:
         return a
-    return replace(a, meta={k: v for k, v in a.meta.items() if k != "answered_memory_mib"})
+    return replace(a, answered_memory_mib=None)
 
 
 def _reserve_again(ledger: Ledger, freed: set[str]) -> None:
     """Containers that rode on a freed reservation reserve their own memory again (it fits: the freed one
     reserved at least as much on the same cards)."""
     for r in list(ledger.allocations.values()):
-        if not r.reserve and r.meta.get("rides_on") in freed:
+        if not r.reserve and r.rides_on in freed:
             ledger.release(r.key)
-            alone = replace(r, reserve=True, meta={k: v for k, v in r.meta.items() if k != "rides_on"})
+            alone = replace(r, reserve=True, rides_on=None)
             try:
                 ledger.assign(alone, check_health=False)
             except LedgerError:
                 ledger.assign(r, check_health=False)
 
 
-def _identity(a: Allocation) -> tuple[str, str]:
-    return a.meta.get("pod_uid", ""), a.meta.get("container", "")
+def _names(a: Allocation) -> tuple[str, str, str]:
+    """(namespace, pod, container) for logs, `?` where not known."""
+    return a.namespace or "?", a.pod or "?", a.container or "?"
 
 
 @dataclass(frozen=True)

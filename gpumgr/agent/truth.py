@@ -12,14 +12,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from gpumgr.allocator import Allocation, Ledger, LedgerError
-from gpumgr.dra.config import LEDGER_PREFIX
+from gpumgr.node.claims import is_claim
 
 Conflict = tuple[str, str]  # (key, why)
-
-
-def is_claim(a: Allocation) -> bool:
-    """A DRA claim's holding: the device-plugin side counts it as used and never frees, adopts or repairs it."""
-    return a.key.startswith(LEDGER_PREFIX)
 
 
 def apply_truths(ledger: Ledger, truths: list[Allocation], recorded: Collection[str],
@@ -56,8 +51,7 @@ def _place(ledger: Ledger, truths: list[Allocation], recorded: Collection[str],
         try:
             ledger.assign(a, check_health=False)
         except LedgerError as e:
-            failed.append((a.key, f"{a.meta.get('namespace')}/{a.meta.get('pod')} container "
-                                  f"{a.meta.get('container')}: {e}"))
+            failed.append((a.key, f"{a.namespace}/{a.pod} container {a.container}: {e}"))
     return failed
 
 
@@ -65,6 +59,6 @@ def _make_room(ledger: Ledger, want: Allocation, recorded: Collection[str],
                seen: Mapping[str, Allocation] | None) -> None:
     """The kubelet's record wins over allocations it never recorded: free those on the wanted cards."""
     for a in list(ledger.allocations.values()):
-        if a.key not in recorded and (seen is None or seen.get(a.key) == a) and a.meta.get("verified") != "true" \
+        if a.key not in recorded and (seen is None or seen.get(a.key) == a) and not a.verified \
                 and not is_claim(a) and set(a.cards) & set(want.cards):
             ledger.release(a.key)

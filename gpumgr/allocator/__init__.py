@@ -12,7 +12,16 @@ from dataclasses import dataclass
 
 from gpumgr.allocator.errors import NoFit
 from gpumgr.allocator.fragment import choose_fragment
-from gpumgr.allocator.ledger import Allocation, CardState, Holding, Ledger, LedgerError
+from gpumgr.allocator.ledger import (
+    Allocation,
+    CardState,
+    ClaimHolder,
+    ContainerHolder,
+    Holder,
+    Holding,
+    Ledger,
+    LedgerError,
+)
 from gpumgr.allocator.link import choose_link
 from gpumgr.allocator.request import HUNDRED, InvalidRequest, Request
 from gpumgr.allocator.share import choose_share
@@ -20,8 +29,8 @@ from gpumgr.choices import DEFAULT_POLICY, POLICIES, Policy
 from gpumgr.topology import Topology
 
 __all__ = [
-    "DEFAULT_POLICY", "HUNDRED", "Allocation", "CardState", "Holding", "InvalidRequest", "Ledger", "LedgerError",
-    "NoFit", "Placement", "Policy", "Request", "choose",
+    "DEFAULT_POLICY", "HUNDRED", "Allocation", "CardState", "ClaimHolder", "ContainerHolder", "Holder", "Holding",
+    "InvalidRequest", "Ledger", "LedgerError", "NoFit", "Placement", "Policy", "Request", "choose",
 ]
 
 

@@ -12,6 +12,7 @@ and the node's cordon, gpumgr/choices.py) narrows the cards it may take; all fre
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection
 
 from gpumgr.allocator.candidates import free_cards, group_pressure, isolation
@@ -20,10 +21,33 @@ from gpumgr.allocator.ledger import Ledger
 from gpumgr.choices import DEFAULT_POLICY, Policy
 from gpumgr.topology import Topology
 
+_RANKED: weakref.WeakKeyDictionary[Topology, dict[tuple[int, ...], tuple[int, ...]]] = weakref.WeakKeyDictionary()
+MAX_RANKED = 4096  # free-card sets remembered per topology (2^n for nodes of up to 12 cards)
+
 
 def rank_free(topo: Topology, free: list[int]) -> list[int]:
-    """Free cards, best to take first."""
+    """Free cards, best to take first. A pure function of the topology and the set: remembered per topology."""
+    per = _RANKED.get(topo)
+    if per is None:
+        per = _RANKED.setdefault(topo, {})
+    key = tuple(free)
+    found = per.get(key)
+    if found is None:
+        if len(per) >= MAX_RANKED:
+            per.clear()
+        found = per[key] = tuple(_rank_free(topo, free))
+    return list(found)
 
+
+def rank_every_set(topo: Topology, up_to: int = 8) -> None:
+    """Rank every set of free cards now, on a node of at most `up_to` cards (2^8 sets: a few ms): the first pod
+    of a new shape then finds them ranked on every node of this hardware."""
+    if topo.n <= up_to:
+        for bits in range(1 << topo.n):
+            rank_free(topo, [c for c in range(topo.n) if bits >> c & 1])
+
+
+def _rank_free(topo: Topology, free: list[int]) -> list[int]:
     def score(c: int) -> tuple[object, ...]:
         iso = isolation(topo, c, free)
         return (tuple((-a, -b) for a, b in iso), topo.numa_peers(c, free), group_pressure(topo, c, free), c)
@@ -33,7 +57,11 @@ def rank_free(topo: Topology, free: list[int]) -> list[int]:
 
 def rank_spread(topo: Topology, ledger: Ledger, free: list[int]) -> list[int]:
     """Free cards, farthest from the busy (held) cards first; ties in `rank_free` order."""
-    busy = [c.index for c in ledger.cards if c.mode != "free"]
+    return rank_spread_among(topo, [c.index for c in ledger.cards if c.mode != "free"], free)
+
+
+def rank_spread_among(topo: Topology, busy: list[int], free: list[int]) -> list[int]:
+    """`rank_spread` given the busy cards (held by anyone, healthy or not)."""
     order = {c: r for r, c in enumerate(rank_free(topo, free))}
 
     def score(c: int) -> tuple[object, ...]:

@@ -5,7 +5,8 @@ level at which it has a clique of the asked size is the best achievable worst li
 find). Among the sets at that level: lowest total pairwise cost, then the fewest NUMA nodes (an all-NVLink board
 still hangs its cards off two sockets), then the snuggest tree group and the fullest NUMA nodes (leaving larger
 well-connected groups intact), then the lowest card numbers. Small cliques are searched exhaustively, large ones
-greedily on cost (the worst link stays optimal either way).
+greedily on cost (the worst link stays optimal either way). On a node with few cards, where every clique is
+searched exhaustively, the sets are enumerated directly instead (`_small`): the same sets, scored the same way.
 
 `allowed` (per-pod card choices and the node's cordon, see gpumgr/choices.py) narrows the cards the set may take;
 the free cards outside it still count when judging which groups a choice breaks. Every policy takes the same set
@@ -15,14 +16,15 @@ here: several whole cards are asked for their links, so the best worst link come
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from math import comb
-
-import networkx as nx
 
 from gpumgr.allocator.candidates import free_cards, snugness
 from gpumgr.allocator.errors import NoFit
 from gpumgr.allocator.ledger import Ledger
+from gpumgr.levels import LevelKey
 from gpumgr.topology import Topology
 
 EXHAUSTIVE_LIMIT = 400  # subsets of one clique scored one by one; above this, greedy by cost
@@ -35,8 +37,17 @@ def choose_link(topo: Topology, ledger: Ledger, count: int,
     if len(usable) < count:
         of = "" if allowed is None else f" of the allowed cards ({len(free)} free on the node)"
         raise NoFit(f"needs {count} free whole cards, {len(usable)} free{of}")
+    return link_among(topo, usable, free, count)
+
+
+def link_among(topo: Topology, usable: list[int], free: list[int], count: int) -> tuple[int, ...]:
+    """The set `choose_link` takes from `usable` (at least `count` cards; `free`: all free cards of the node)."""
     if count == len(usable):
         return tuple(usable)
+    if comb(topo.n, count) <= EXHAUSTIVE_LIMIT:
+        return _small(topo, usable, free, count)
+    import networkx as nx  # on demand: only nodes of many cards get here (and the node agent may never)
+
     for threshold in topo.distinct_keys():
         g = nx.Graph()
         g.add_nodes_from(usable)
@@ -47,6 +58,63 @@ def choose_link(topo: Topology, ledger: Ledger, count: int,
         if cliques:
             return _best_in(topo, cliques, count, free)
     raise NoFit(f"needs {count} free whole cards")  # unreachable: the complete graph is a clique
+
+
+def _small(topo: Topology, usable: list[int], free: list[int], count: int) -> tuple[int, ...]:
+    """Without a graph, when every clique is searched exhaustively anyway: the subsets scored there are exactly the
+    subsets of `usable` whose worst link is the best achievable one (each lies in some maximal clique)."""
+    mask = sum(1 << c for c in usable)
+    free_bits = sum(1 << c for c in free)
+    found = None
+    best: tuple[float, int, int, int, tuple[int, ...]] | None = None
+    for s in _subsets(topo, count):
+        if found is not None and s.worst != found:
+            break
+        if s.bits & mask == s.bits:
+            found = s.worst
+            # `_best_in`'s score: snugness and NUMA room are the free cards in the set's group and NUMA nodes
+            score = (s.cost, s.numa_span, (s.group & free_bits).bit_count(), (s.numa & free_bits).bit_count(),
+                     s.cards)
+            if best is None or score < best:
+                best = score
+    assert best is not None
+    return best[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Subset:
+    """A set of cards with what `_best_in` scores of it that does not depend on which cards are free."""
+
+    worst: LevelKey
+    bits: int
+    cards: tuple[int, ...]
+    cost: float  # total pairwise cost, rounded as `_best_in` rounds it
+    numa_span: int
+    group: int  # the cards of the smallest tree group holding the set, as bits
+    numa: int  # the cards on the set's (known) NUMA nodes, as bits
+
+
+_SUBSETS: weakref.WeakKeyDictionary[Topology, dict[int, list[Subset]]] = weakref.WeakKeyDictionary()
+
+
+def _subsets(topo: Topology, count: int) -> list[Subset]:
+    """Every `count`-subset of the node's cards, best worst link first (a few hundred at most: see `_small`)."""
+    per = _SUBSETS.setdefault(topo, {})
+    found = per.get(count)
+    if found is None:
+        found = []
+        for s in itertools.combinations(range(topo.n), count):
+            nodes = {topo.numa[c] for c in s} - {None}
+            found.append(Subset(worst=topo.worst(s), bits=_bits(s), cards=s, cost=round(topo.total_cost(s), 6),
+                                numa_span=topo.numa_span(s), group=_bits(topo.group_of(s).gpus),
+                                numa=_bits(c for c in range(topo.n) if topo.numa[c] in nodes)))
+        found.sort(key=lambda x: (x.worst, x.bits))
+        per[count] = found
+    return found
+
+
+def _bits(cards: Iterable[int]) -> int:
+    return sum(1 << c for c in cards)
 
 
 def _best_in(topo: Topology, cliques: list[list[int]], count: int, free: list[int]) -> tuple[int, ...]:

@@ -16,6 +16,12 @@ from gpumgr.extender.body import (  # the defaults of Limits; a light module (no
 POLICIES = ("binpack", "spread")  # gpumgr.extender.score.POLICIES, without importing it at start-up
 DEFAULT_SCHEDULER = "gpumgr-scheduler"  # gpumgr.extender.binder.DEFAULT_SCHEDULER
 AUTH_FLAGS = "--tls-cert-file, --tls-key-file and --client-ca-file"
+# gpumgr.extender.leader's defaults, without importing it at start-up
+LEASE_NAME, LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = "gpumgr-extender", "15", "10", "2"
+SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+MAX_NAME = 253
+# An RFC 1123 subdomain, as the API server checks object names (the same rule as gpumgr.sim.kubeapi.objects).
+DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 READY_TIMEOUT = 600.0  # seconds for the first list of nodes and pods before giving up
 
 
@@ -56,6 +62,27 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    metavar="N", help=f"open connections at once; more get 503 (default {DEFAULT_MAX_CONNECTIONS})")
     p.add_argument("--probe-listen", default=env_default("--probe-listen", ""), metavar="HOST:PORT",
                    help="also serve /healthz and /readyz (only) on plain HTTP here, for kubelet probes")
+    p.add_argument("--leader-elect", action="store_true", default=env_flag("--leader-elect"),
+                   help="run as one of several replicas: only the leader of a coordination.k8s.io Lease serves "
+                   "and binds, and labels its own pod gpumgr.io/extender-leader=true (POD_NAME, POD_NAMESPACE) "
+                   "for the Service to route to it; the others answer 503 until they take over")
+    p.add_argument("--leader-elect-lease-name", default=env_default("--leader-elect-lease-name", LEASE_NAME),
+                   metavar="NAME", help=f"name of the Lease (default {LEASE_NAME})")
+    p.add_argument("--leader-elect-namespace", default=env_default("--leader-elect-namespace", ""), metavar="NS",
+                   help="namespace of the Lease (default: the pod's own, from its service account or "
+                   "POD_NAMESPACE; else default)")
+    p.add_argument("--leader-elect-lease-duration", metavar="S",
+                   default=env_default("--leader-elect-lease-duration", LEASE_DURATION),
+                   help="whole seconds a standby waits, after the Lease last changed, before it takes over "
+                   f"(default {LEASE_DURATION})")
+    p.add_argument("--leader-elect-renew-deadline", metavar="S",
+                   default=env_default("--leader-elect-renew-deadline", RENEW_DEADLINE),
+                   help="seconds the leader may go without renewing before it stops serving and binding; at least "
+                   f"1 s less than the lease duration (default {RENEW_DEADLINE})")
+    p.add_argument("--leader-elect-retry-period", metavar="S",
+                   default=env_default("--leader-elect-retry-period", RETRY_PERIOD),
+                   help="seconds between renewals and attempts; the renew deadline is at least 1.2 times it "
+                   f"(default {RETRY_PERIOD})")
     p.set_defaults(func=run)
 
 
@@ -79,10 +106,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(str(e)) from None
     limits = _limits(args)
     tls = _tls(args)
+    election = _election(args)
     probe = parse_listen(args.probe_listen, "--probe-listen") if args.probe_listen else None
     import asyncio
 
-    return asyncio.run(_serve(args, prefix, host, port, limits, tls, probe))
+    return asyncio.run(_serve(args, prefix, host, port, limits, tls, probe, election))
 
 
 def _limits(args: argparse.Namespace) -> Any:
@@ -103,6 +131,54 @@ def _limits(args: argparse.Namespace) -> Any:
     except ValueError as e:
         raise InputError(str(e).replace("max_body_bytes", "--max-body-bytes")
                          .replace("max_connections", "--max-connections")) from None
+
+
+def _election(args: argparse.Namespace) -> Any:
+    """The leader election's settings, or None without --leader-elect (its flags are checked either way)."""
+    import os
+    import re
+    import secrets
+    import socket
+
+    from gpumgr.docfile import InputError
+    from gpumgr.extender.leader import ElectionSettings, settings_problem
+
+    times = []
+    for flag in ("--leader-elect-lease-duration", "--leader-elect-renew-deadline", "--leader-elect-retry-period"):
+        text = str(getattr(args, flag[2:].replace("-", "_"))).strip()
+        if not re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,6})?", text):
+            raise InputError(f"{flag} {text[:40]!r}: expected seconds, like 15 or 0.5")
+        times.append(float(text))
+    problem = settings_problem(*times)
+    if problem:
+        raise InputError(problem)
+    name = args.leader_elect_lease_name
+    if len(name) > MAX_NAME or not re.fullmatch(DNS_SUBDOMAIN, name):
+        raise InputError(f"--leader-elect-lease-name {name[:60]!r}: expected a lowercase DNS name")
+    if args.leader_elect_namespace and not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
+                                                        args.leader_elect_namespace):
+        raise InputError(f"--leader-elect-namespace {args.leader_elect_namespace[:70]!r}: expected a namespace name")
+    if not args.leader_elect:
+        return None
+    namespace = args.leader_elect_namespace or _own_namespace()
+    if len(namespace) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", namespace):
+        raise InputError(f"--leader-elect-namespace {namespace[:70]!r}: expected a namespace name")
+    # Unique even when two processes share a pod name (a restart): the suffix is per process.
+    base = os.environ.get("POD_NAME", "").strip() or socket.gethostname()
+    identity = f"{base[:200]}_{secrets.token_hex(4)}"
+    return ElectionSettings(identity=identity, namespace=namespace, lease_name=name, lease_duration=times[0],
+                            renew_deadline=times[1], retry_period=times[2])
+
+
+def _own_namespace() -> str:
+    import os
+    from pathlib import Path
+
+    try:
+        text = Path(SA_NAMESPACE_FILE).read_text().strip()
+    except OSError:
+        text = ""
+    return text or os.environ.get("POD_NAMESPACE", "").strip() or "default"
 
 
 def _tls(args: argparse.Namespace) -> Any:
@@ -128,7 +204,7 @@ def _tls(args: argparse.Namespace) -> Any:
 
 
 async def _serve(args: argparse.Namespace, prefix: str, host: str, port: int, limits: Any, tls: Any,
-                 probe: tuple[str, int] | None) -> int:
+                 probe: tuple[str, int] | None, election: Any) -> int:
     import asyncio
     import gc
     import logging
@@ -139,7 +215,7 @@ async def _serve(args: argparse.Namespace, prefix: str, host: str, port: int, li
     kubeconfig = args.kubeconfig
     server = ExtenderServer(kubeconfig, policy=args.policy, prefix=prefix, limits=limits, tls=tls,
                             insecure=args.insecure_serve_without_auth, scheduler_name=args.scheduler_name,
-                            probe=probe)
+                            probe=probe, election=election)
     stop = stop_on_signals()
     try:
         await server.start(host, port)

@@ -137,6 +137,7 @@ async def _main(cfg: AgentConfig, sysfs_root: str = "/sys") -> int:
     from gpumgr.agent.daemon import Agent
     from gpumgr.devices.backend import Backend
     from gpumgr.devices.types import DiscoveryError
+    from gpumgr.docfile import InputError
     from gpumgr.kube.client import KubeClient
 
     backend: Backend
@@ -150,6 +151,9 @@ async def _main(cfg: AgentConfig, sysfs_root: str = "/sys") -> int:
         backend = NvmlBackend(library=cfg.nvml_lib or None, sysfs_root=sysfs_root)
     try:
         kube = KubeClient.connect(cfg.kubeconfig or None)
+    except InputError:
+        backend.close()
+        raise  # a kubeconfig the agent cannot use: one line naming the file and field, exit 2
     except Exception as e:  # noqa: BLE001 - one clear line instead of a traceback
         log.error("cannot reach the Kubernetes API (%s): %s", cfg.kubeconfig or "in-cluster", e)
         return 1
@@ -172,6 +176,6 @@ async def _main(cfg: AgentConfig, sysfs_root: str = "/sys") -> int:
     finally:
         await agent.stop()
         backend.close()
-        kube.close()
+        await kube.aclose()
     print("gpumgr agent stopped", file=sys.stderr)
     return 0

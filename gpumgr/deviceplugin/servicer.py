@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -14,14 +16,29 @@ from gpumgr.pb import deviceplugin_pb2_grpc as pb_grpc
 
 log = logging.getLogger("gpumgr.deviceplugin")
 
+READY_WAIT_S = 60.0  # how long a call waits for the agent to finish starting before it is refused
+
 
 class PluginServicer(pb_grpc.DevicePluginServicer):
-    """`kind` is "c" (vcuda-core) or "m" (vcuda-memory)."""
+    """`kind` is "c" (vcuda-core) or "m" (vcuda-memory).
 
-    def __init__(self, service: AllocationService, kind: str, resource: str):
+    `ready`, when given, is set once the ledger may be handed out (pods listed, start-up reconcile done): the
+    plugin can then register before that, and GetPreferredAllocation, Allocate and PreStartContainer wait for it
+    (ListAndWatch does not: the devices and their health are known from the start)."""
+
+    def __init__(self, service: AllocationService, kind: str, resource: str, ready: asyncio.Event | None = None):
         self.service = service
         self.kind = kind
         self.resource = resource
+        self.ready = ready
+
+    async def _until_ready(self, context: grpc.aio.ServicerContext) -> None:
+        if self.ready is None or self.ready.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.ready.wait(), READY_WAIT_S)
+        if not self.ready.is_set():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.resource}: the agent is still starting")
 
     def options(self) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(pre_start_required=self.kind == "c", get_preferred_allocation_available=True)
@@ -50,6 +67,7 @@ class PluginServicer(pb_grpc.DevicePluginServicer):
             version = await state.wait_change(version, timeout=5.0)
 
     async def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext) -> pb.PreferredAllocationResponse:  # noqa: N802,E501
+        await self._until_ready(context)
         out = pb.PreferredAllocationResponse()
         try:
             for creq in request.container_requests:
@@ -64,6 +82,7 @@ class PluginServicer(pb_grpc.DevicePluginServicer):
     async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:  # noqa: N802
         if not request.container_requests:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.resource}: no container requests")
+        await self._until_ready(context)
         out = pb.AllocateResponse()
         done: list[list[str]] = []
         try:
@@ -90,6 +109,7 @@ class PluginServicer(pb_grpc.DevicePluginServicer):
     async def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext) -> pb.PreStartContainerResponse:  # noqa: N802,E501
         if self.kind != "c":
             return pb.PreStartContainerResponse()
+        await self._until_ready(context)
         try:
             await self.service.prestart_core(list(request.devices_ids))
         except PluginError as e:

@@ -13,7 +13,6 @@ DRIVER_NAME = "vgpu.gpumgr.io"
 CDI_KIND = "gpumgr.io/vgpu"
 MODES = ("device-plugin", "dra", "both")
 DRA_SOCKET = "dra.sock"
-LEDGER_PREFIX = "dra/"  # ledger allocation keys of claims: dra/<claim uid>/<result index>
 UNHEALTHY_TAINT = "vgpu.gpumgr.io/unhealthy"
 PLUGIN_SERVICES = ("v1.DRAPlugin",)
 

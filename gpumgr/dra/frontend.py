@@ -20,7 +20,6 @@ from typing import Any
 
 import grpc
 
-from gpumgr.agent.state import NodeState
 from gpumgr.dra.config import DraConfig, from_agent_config
 from gpumgr.dra.kubeaccess import DraKube
 from gpumgr.dra.plugin import DraHealthServicer, DraPluginServicer
@@ -28,6 +27,7 @@ from gpumgr.dra.preparer import ClaimPreparer
 from gpumgr.dra.publisher import SlicePublisher
 from gpumgr.dra.recovery import RecoveryReport, recover
 from gpumgr.dra.registration import RegistrationServicer
+from gpumgr.node.state import NodeState
 from gpumgr.pb import dra_pb2_grpc, drahealth_pb2_grpc, pluginregistration_pb2_grpc
 from gpumgr.vdevice.layout import VDeviceLayout
 from gpumgr.vdevice.server import VDeviceManager

@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from gpumgr.agent.state import NodeState
 from gpumgr.dra.claims import ClaimError
 from gpumgr.dra.config import DraConfig
 from gpumgr.dra.preparer import ClaimPreparer
 from gpumgr.dra.slices import device_name
+from gpumgr.node.state import NodeState
 from gpumgr.pb import dra_pb2 as pb
 from gpumgr.pb import dra_pb2_grpc as pb_grpc
 from gpumgr.pb import drahealth_pb2 as hpb

@@ -16,14 +16,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpumgr.agent.state import NodeState
 from gpumgr.allocator import Ledger
-from gpumgr.allocator.ledger import Allocation, LedgerError
+from gpumgr.allocator.ledger import Allocation, ClaimHolder, LedgerError
 from gpumgr.dra import cdi
 from gpumgr.dra.claims import ClaimError, ClaimGrant, check_enforceable, check_uid, grant_from_claim, per_card
-from gpumgr.dra.config import LEDGER_PREFIX, DraConfig
+from gpumgr.dra.config import DraConfig
 from gpumgr.dra.slices import CORES, MIB, memory_ceiling
-from gpumgr.vdevice.layout import VDeviceLayout, allocation_key
+from gpumgr.node.claims import LEDGER_PREFIX, claim_keys, vdevice_key
+from gpumgr.node.state import NodeState
+from gpumgr.node.vdevices import start_server
+from gpumgr.vdevice.layout import VDeviceLayout
 from gpumgr.vdevice.limits import DeviceLimit, Limits
 from gpumgr.vdevice.server import VDeviceManager
 
@@ -31,24 +33,6 @@ log = logging.getLogger("gpumgr.dra")
 GetClaim = Callable[[str, str, str], Awaitable[dict[str, Any] | None]]  # (namespace, name, uid) -> claim
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
-def claim_keys(ledger: Ledger, uid: str) -> list[str]:
-    prefix = f"{LEDGER_PREFIX}{uid}/"
-    return sorted(k for k in ledger.allocations if k.startswith(prefix))
-
-
-def claim_uids(ledger: Ledger) -> set[str]:
-    return {k[len(LEDGER_PREFIX):].split("/", 1)[0] for k in ledger.allocations if k.startswith(LEDGER_PREFIX)}
-
-
-def vdevice_key(uid: str) -> str:
-    return allocation_key([f"{LEDGER_PREFIX}{uid}"])
-
-
-def claim_vdevice_keys(ledger: Ledger) -> set[str]:
-    """The vDevice directory keys of the claims the ledger holds: another front end's orphan sweep keeps them."""
-    return {vdevice_key(uid) for uid in claim_uids(ledger)}
 
 
 class ClaimPreparer:
@@ -153,11 +137,10 @@ class ClaimPreparer:
         out = []
         pod = grant.pods[0]
         for n, d in enumerate(grant.devices):
-            meta = {"front_end": "dra", "claim": f"{grant.namespace}/{grant.name}", "claim_uid": grant.uid,
-                    "namespace": grant.namespace, "pod": pod.name, "pod_uid": pod.uid, "container": "",
-                    "device": d.device, "request": d.request, "share_id": d.share_id, "verified": "true"}
+            holder = ClaimHolder(uid=grant.uid, namespace=grant.namespace, name=grant.name, pod=pod.name,
+                                 pod_uid=pod.uid, request=d.request, device=d.device, share_id=d.share_id)
             out.append(Allocation(key=f"{LEDGER_PREFIX}{grant.uid}/{n}", cards=(d.index,), cores=d.cores,
-                                  memory_mib=d.memory_mib, meta=meta))
+                                  memory_mib=d.memory_mib, holder=holder, verified=True))
         return out
 
     def limits(self, grant: ClaimGrant) -> Limits:
@@ -184,7 +167,6 @@ class ClaimPreparer:
         key = vdevice_key(grant.uid)
         limits = self.limits(grant)
         cards = per_card(grant)
-        bus_ids = frozenset(inv.gpus[c.index].bus_id for c in cards if inv.gpus[c.index].bus_id)
         limited = bool(limits.core_limit) or any(d.memory_limit_bytes for d in limits.devices)
         ctl = [f"/dev/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
                if n == "nvidiactl" or (self.cfg.dev_root / n).exists()]
@@ -195,7 +177,7 @@ class ClaimPreparer:
             vdevice_dir=self.layout.dir_for(key), limited=limited, shim_log_level=self.cfg.shim_log_level,
             annotations={})
         # the vDevice server and the CDI spec are independent: make both at once
-        started, written = await asyncio.gather(self.vdevices.start(key, limits, bus_ids),
+        started, written = await asyncio.gather(start_server(self.vdevices, inv, key, limits, (c.index for c in cards)),
                                                 self.state.run_io(self.cdi.write, grant.uid, spec),
                                                 return_exceptions=True)
         for outcome in (started, written):

@@ -11,10 +11,11 @@ import contextlib
 import logging
 from typing import Any
 
-from gpumgr.agent.state import NodeState
-from gpumgr.dra.config import LEDGER_PREFIX, DraConfig
+from gpumgr.dra.config import DraConfig
 from gpumgr.dra.kubeaccess import DraKube
 from gpumgr.dra.slices import build_spec, unhealthy_map
+from gpumgr.node.claims import LEDGER_PREFIX
+from gpumgr.node.state import NodeState
 
 log = logging.getLogger("gpumgr.dra.slices")
 RETRY_S = 1.0

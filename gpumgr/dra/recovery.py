@@ -16,9 +16,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpumgr.allocator import ClaimHolder
 from gpumgr.dra.claims import ClaimError, ClaimGrant, DeviceGrant, PodRef, grant_from_claim
-from gpumgr.dra.preparer import ClaimPreparer, claim_keys, claim_uids
+from gpumgr.dra.preparer import ClaimPreparer
 from gpumgr.dra.slices import MIB
+from gpumgr.node.claims import claim_keys, claim_uids
 
 log = logging.getLogger("gpumgr.dra.recovery")
 ListClaims = Callable[[], Awaitable[list[dict[str, Any]]]]
@@ -72,13 +74,14 @@ async def _restart_servers(preparer: ClaimPreparer, uids: set[str]) -> None:
         allocs = [ledger.allocations[k] for k in claim_keys(ledger, uid)]
         if not allocs:
             continue
-        m = allocs[0].meta
-        ns, _, name = m.get("claim", "/").partition("/")
-        grant = ClaimGrant(namespace=ns, name=name, uid=uid, pods=(PodRef(m.get("pod", ""), m.get("pod_uid", "")),),
-                           devices=tuple(DeviceGrant(request=a.meta.get("request", ""), device=a.meta.get("device", ""),
-                                                     index=a.cards[0], share_id=a.meta.get("share_id", ""),
-                                                     memory_bytes=a.memory_mib * MIB, cores=a.cores)
-                                         for a in allocs))
+        claims = [a.claim or ClaimHolder(uid=uid, namespace="", name="") for a in allocs]
+        first = claims[0]
+        grant = ClaimGrant(namespace=first.namespace, name=first.name, uid=uid,
+                           pods=(PodRef(first.pod, first.pod_uid),),
+                           devices=tuple(DeviceGrant(request=c.request, device=c.device, index=a.cards[0],
+                                                     share_id=c.share_id, memory_bytes=a.memory_mib * MIB,
+                                                     cores=a.cores)
+                                         for a, c in zip(allocs, claims, strict=True)))
         try:
             await preparer.restore(grant)
         except ClaimError as e:

@@ -9,6 +9,7 @@ Modules, from the wire inwards:
                `gpumgr.httpsite.CappedSite`, shared with the webhook)
     tls        the server's SSL context (client certificates required) and the scheduler's client context
     server     `ExtenderServer`: the HTTP server, the cluster view and its watches, started in-process
+    leader     leader election among replicas (a coordination.k8s.io Lease)
     binder     bind: choose cards, assume them, patch the pod, create the Binding
     podcalls   the bind's API calls (get, merge-patch, Binding) over aiohttp
     kubeaccess list + watch through the `kubernetes` client (in threads), and its configuration

@@ -8,7 +8,17 @@ extender API wants it: HTTP 200 with `Error`.
 
 Binds the extender must never make are refused before anything is assumed or written (`BindRefused`, a 4xx):
 a pod that asks for no vcuda resource or names another scheduler (403), a pod already bound (409), a node
-that does not exist or has no usable GPU inventory (422).
+that does not exist or has no usable GPU inventory (422). With leader election, `guard` is asked right before
+each API write (the annotations, the Binding): a replica that is no longer the leader, or has not renewed its
+Lease in time, or leads in another term than when the bind began, writes nothing more (503); annotations it
+already wrote are taken back, best effort.
+
+The Binding carries the resourceVersion of the pod as this bind's annotation patch left it: the API server
+binds only that version (409 otherwise). So a deposed leader whose Binding arrives late cannot bind a pod whose
+annotations a newer leader has rewritten for another node.
+
+Each bind runs in a task of its own: a handler cancelled at shutdown does not cut a bind between its writes;
+`settle()` waits for the binds still running, and says whether any had to be cancelled.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from gpumgr import podspec
@@ -38,6 +49,10 @@ class BindError(Exception):
     pass
 
 
+class NotLeading(BindError):
+    """The leader-election guard said no: answered 503."""
+
+
 class BindRefused(Exception):
     """A bind this extender never makes; answered with `status` (4xx) and a JSON `Error`."""
 
@@ -46,20 +61,51 @@ class BindRefused(Exception):
         self.status = status
 
 
+Guard = Callable[[], tuple[str, Hashable]]  # (why this replica must not write now or "", its leadership term)
+
+
 class Binder:
     def __init__(self, view: ClusterView, access: PodCalls, attempts: int = PATCH_ATTEMPTS,
-                 scheduler_name: str = DEFAULT_SCHEDULER):
+                 scheduler_name: str = DEFAULT_SCHEDULER, guard: Guard | None = None):
+        self.guard = guard
         self.view = view
         self.access = access
         self.attempts = attempts
         self.scheduler_name = scheduler_name
         self._locks: dict[str, asyncio.Lock] = {}
+        self._running: set[asyncio.Task[str]] = set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    async def settle(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for the binds still running; cancel those left. True when every one
+        finished by itself (nothing this replica sent can still change the cluster)."""
+        running = set(self._running)
+        if not running:
+            return True
+        _done, left = await asyncio.wait(running, timeout=timeout)
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.wait(left)
+        return not left
 
     async def bind(self, args: BindingArgs) -> str:
         """Bind the pod; returns "" on success, else the error for the scheduler. Raises BindRefused."""
+        task = asyncio.get_running_loop().create_task(self._bind_logged(args))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return await asyncio.shield(task)
+
+    async def _bind_logged(self, args: BindingArgs) -> str:
         where = f"pod {args.namespace}/{args.name} to node {args.node}"
         try:
             await self._bind(args)
+        except NotLeading as e:
+            log.warning("bind %s stopped: %s", where, e)
+            raise BindRefused(503, str(e)) from None
         except BindError as e:
             log.warning("bind %s failed: %s", where, e)
             return f"gpumgr: cannot bind {where}: {e}"
@@ -72,18 +118,21 @@ class Binder:
         except AskError as e:
             raise BindError(str(e)) from None
         if not ask.wants_gpu:
-            await self._create_binding(args)
+            self._check_leading()
+            await self._create_binding(args, "")
             log.info("bound pod %s/%s to node %s (no GPU)", args.namespace, args.name, args.node)
             return
         uid = pod_uid(pod)
         lock = self._locks.setdefault(args.node, asyncio.Lock())
         async with lock:
+            term = self._check_leading()
             ptime, cards, annotations = self._assume(uid, ask, args.node)
         done = False
         try:
-            written = await self._patch(args, pod, annotations)
+            written = await self._patch(args, pod, annotations, term)
             try:
-                await self._create_binding(args)
+                self._check_leading(term)
+                await self._create_binding(args, _version(written), (ptime, term))
             except BindError:
                 await self._unpatch(args, written, ptime, list(annotations))
                 raise
@@ -93,6 +142,19 @@ class Binder:
                 self.view.forget(uid, ptime)
         log.info("bound pod %s/%s to node %s: %s", args.namespace, args.name, args.node,
                  ", ".join(f"container {n}: cards {c}" for n, c in cards))
+
+    def _check_leading(self, term: Hashable = None) -> Hashable:
+        """Right before an API write, without awaiting until the write is sent. With `term` (what the first
+        check returned), leading now is not enough: it must be the same, unbroken leadership."""
+        if self.guard is None:
+            return None
+        why, now = self.guard()
+        if why:
+            raise NotLeading(why)
+        if term is not None and now != term:
+            raise NotLeading("this gpumgr extender replica stopped leading and leads again since the bind began; "
+                             "the scheduler retries it")
+        return now
 
     async def _pod(self, args: BindingArgs) -> dict[str, Any]:
         pod = self.view.pod(args.namespace, args.name)
@@ -157,7 +219,8 @@ class Binder:
         self.view.assume(uid, node, allocs, ptime)
         return ptime, cards, annotations
 
-    async def _patch(self, args: BindingArgs, pod: dict[str, Any], annotations: dict[str, str]) -> dict[str, Any]:
+    async def _patch(self, args: BindingArgs, pod: dict[str, Any], annotations: dict[str, str],
+                     term: Hashable) -> dict[str, Any]:
         """Write the annotations with optimistic concurrency; returns the patched pod."""
         for attempt in range(1, self.attempts + 1):
             meta = pod.get("metadata") or {}
@@ -167,6 +230,8 @@ class Binder:
             }
             values.update(annotations)
             patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": values}}
+            if attempt > 1:
+                self._check_leading(term)
             try:
                 return await self.access.patch_pod(args.namespace, args.name, patch)
             except ApiCallError as e:
@@ -181,19 +246,42 @@ class Binder:
                 raise BindError(f"the pod was bound to node {pod['spec']['nodeName']} meanwhile")
         raise BindError("unreachable")  # pragma: no cover
 
-    async def _create_binding(self, args: BindingArgs) -> None:
-        try:
-            await self.access.bind_pod(args.namespace, args.name, args.uid, args.node)
-        except ApiCallError as e:
-            if e.status in (0, 500, 503, 504):  # no clear answer: the Binding may have been made after all
-                try:
-                    pod = await self.access.get_pod(args.namespace, args.name)
-                except ApiCallError:
-                    pod = {}
-                if (pod.get("spec") or {}).get("nodeName") == args.node and (
-                        not args.uid or pod_uid(pod) == args.uid):
+    async def _create_binding(self, args: BindingArgs, resource_version: str,
+                              ours: tuple[str, Hashable] | None = None) -> None:
+        """With `ours` (this bind's predicate time and term), a 409 because the pod was written since the
+        annotation patch (another controller's label, ...) is retried with the new resourceVersion, as long as
+        the pod still carries this bind's annotations and this replica still leads in the same term."""
+        for attempt in range(1, self.attempts + 1):
+            try:
+                await self.access.bind_pod(args.namespace, args.name, args.uid, args.node, resource_version)
+                return
+            except ApiCallError as e:
+                if e.status != 409 or ours is None or attempt == self.attempts:
+                    await self._binding_failed(args, e)
                     return
-            raise BindError(f"cannot create the Binding: {e}") from None
+                pod = await self._read(args)
+                ann = podspec.pod_annotations(pod)
+                still = (ann.get(podspec.ANN_PREDICATE_TIME) == ours[0] and ann.get(podspec.ANN_PREDICATE_NODE)
+                         == args.node and not (pod.get("spec") or {}).get("nodeName")
+                         and (not args.uid or pod_uid(pod) == args.uid))
+                if not still:
+                    raise BindError(f"cannot create the Binding: {e} (the pod was bound or its cards rewritten "
+                                    "meanwhile)") from None
+                log.info("pod %s/%s changed before its Binding (attempt %d); binding its new version",
+                         args.namespace, args.name, attempt)
+                resource_version = _version(pod)
+                self._check_leading(ours[1])
+
+    async def _binding_failed(self, args: BindingArgs, e: ApiCallError) -> None:
+        """Return when the Binding was made after all (an answer lost); else raise BindError."""
+        if e.status in (0, 500, 503, 504):  # no clear answer: the Binding may have been made after all
+            try:
+                pod = await self.access.get_pod(args.namespace, args.name)
+            except ApiCallError:
+                pod = {}
+            if (pod.get("spec") or {}).get("nodeName") == args.node and (not args.uid or pod_uid(pod) == args.uid):
+                return
+        raise BindError(f"cannot create the Binding: {e}") from None
 
     async def _unpatch(self, args: BindingArgs, written: dict[str, Any], ptime: str, keys: list[str]) -> None:
         """Best effort: take back the annotations this bind wrote, unless someone wrote newer ones."""
@@ -217,3 +305,7 @@ class Binder:
                 pod = await self.access.get_pod(args.namespace, args.name)
             except ApiCallError:
                 return
+
+
+def _version(pod: dict[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("resourceVersion") or "")

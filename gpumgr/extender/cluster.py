@@ -6,7 +6,10 @@ place (`_reconcile`): the holding a bind assumed, until the pod's annotations wi
 are observed; otherwise what its annotations say.
 
 Fits are cached per node and per pod ask until the node changes, and memoised across nodes by (hardware
-shape, ledger state, ask), since `fit_pod` is a pure function of those.
+shape, ledger state, ask), since `fit_pod` is a pure function of those. A new ask's first call visits every node:
+it reads each node's card rows (`NodeState`, kept up to date as pods come and go) instead of the ledger, and
+answers nodes that are alike for that ask once (`Plan`): a share by the node's tightest fitting shared card, whole
+cards by which cards are healthy and free. tests/extender/test_fit_cache.py holds these to the plain computation.
 """
 
 from __future__ import annotations
@@ -19,18 +22,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumgr import podspec
-from gpumgr.allocator import Allocation, Ledger
+from gpumgr.allocator import HUNDRED, Allocation, Ledger
+from gpumgr.allocator.fragment import rank_every_set, rank_free
 from gpumgr.choices import ANN_CORDON, allowed_cards, node_cordon
 from gpumgr.extender.ask import PodAsk, pod_uid
 from gpumgr.extender.claims import FINISHED, Claim, pod_claim
-from gpumgr.extender.fit import Fit, place, quick_check, static_check, with_packing
+from gpumgr.extender.fit import Fit, fast_place, packing, place, quick_check, static_check, with_packing
 from gpumgr.extender.nodestate import NodeState, Shape, build_shape, full_state, shape_of, whole_state
+from gpumgr.levels import LevelKey
 from gpumgr.node_inventory import InventoryAnnotationError, decode
 
 log = logging.getLogger(__name__)
 
 MAX_MEMO = 50_000  # placements remembered across nodes
 MAX_ASKS = 64  # distinct pod asks whose per-node verdicts and placements are cached
+MISSING: Any = object()
 
 
 class ClusterView:
@@ -50,7 +56,9 @@ class ClusterView:
         self._wanted_at: dict[str, str] = {}  # the reverse: pod UID -> node
         self._verdicts: dict[str, dict[str, Fit]] = {}  # ask key -> node -> verdict (filter)
         self._placements: dict[str, dict[str, Fit]] = {}  # ask key -> node -> placement (prioritize, bind)
-        self._memo: dict[tuple[int, object, str, tuple[bool, ...]], Fit] = {}  # (shape, state, ask, cards) -> fit
+        self._memo: dict[tuple[object, ...], Fit] = {}  # (shape, state, ask, cards) -> fit
+        # (shape, healthy free cards, ask, cards) -> the cards a one-container whole-card pod takes (None: none)
+        self._classes: dict[tuple[object, ...], tuple[tuple[int, ...], ...] | None] = {}
         self._statics: dict[tuple[int, str], tuple[tuple[bool, ...], Fit | None]] = {}
 
     @property
@@ -94,6 +102,8 @@ class ClusterView:
         for name, text in nodes.items():
             self.set_node(name, text, (cordons or {}).get(name))
         self.synced.add("nodes")
+        if self.ready:
+            self.refresh()
 
     def _build_node(self, name: str, text: str | None) -> NodeState:
         if text is None:
@@ -106,6 +116,7 @@ class ClusterView:
             if shape is None:
                 shape = build_shape(len(self._shapes), gpus)
                 self._shapes[key] = shape
+                rank_every_set(shape.topology)
         except (InventoryAnnotationError, ValueError) as e:
             log.warning("node %s: unusable %s annotation: %s", name, podspec.ANN_NODE_INVENTORY, e)
             return NodeState(name, None, problem=f"the node's {podspec.ANN_NODE_INVENTORY} annotation is "
@@ -175,6 +186,8 @@ class ClusterView:
         for p in pods:
             self.set_pod(p)
         self.synced.add("pods")
+        if self.ready:
+            self.refresh()
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The pod as the view keeps it (a fresh copy), or None."""
@@ -233,6 +246,12 @@ class ClusterView:
         self._applied[uid] = node.name
 
     # -- fits -----------------------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Bring every node's card rows up to date: done once both lists are in, so that the first filter does
+        not (a query refreshes the nodes it reads that changed since)."""
+        for node in self.nodes.values():
+            node.refresh()
+
     def verdict(self, ask: PodAsk, uid: str, name: str) -> Fit:
         """Whether the pod fits on node `name` now (its own holdings not counted); cards may be left out."""
         node = self.nodes.get(name)
@@ -248,11 +267,51 @@ class ClusterView:
             if node.shape is None:
                 fit = Fit.never(node.problem)
             else:
-                allowed, never = self._allowed(node, node.shape, ask)
-                fit = (never or quick_check(node.ledger, allowed, node.shape.unit_mib, ask)
-                       or self._place(node, node.shape, ask))
+                fit = self._first(node, node.shape, ask, ask.whole_only and len(ask.containers) == 1)
         cache[name] = fit
         return fit
+
+    def _first(self, node: NodeState, shape: Shape, ask: PodAsk, whole: bool) -> Fit:
+        """The verdict of a node not cached for this ask: placed (with packing) where that is as cheap as the
+        quick verdict, so that prioritize finds it cached too. `whole`: one container, of whole cards."""
+        node.refresh()
+        allowed, never = self._allowed(node, shape, ask)
+        if never is not None:
+            return never
+        if whole:
+            placed = self.classify(shape, ask, allowed, node)
+        else:
+            placed = fast_place(shape.topology, node.rows, node.shared, allowed, shape.unit_mib, ask)
+        if placed is not None:
+            return self.placed_fit(node, shape, ask, allowed, placed)
+        if whole:
+            memo_key = (shape.ident, node.whole_key, ask.key, allowed, "quick")
+            fit = self._memo.get(memo_key)
+            if fit is None:
+                fit = quick_check(node.rows, allowed, shape.unit_mib, ask) or self._place(node, shape, ask)
+                self._remember(memo_key, fit)
+            return fit
+        return quick_check(node.rows, allowed, shape.unit_mib, ask) or self._place(node, shape, ask)
+
+    def classify(self, shape: Shape, ask: PodAsk, allowed: tuple[bool, ...],
+                 node: NodeState) -> tuple[tuple[int, ...], ...] | None:
+        """`fast_place` for a pod of one whole-card container: a function of the healthy free cards, so computed
+        once per class of nodes."""
+        key = (shape.ident, node.whole_key, ask.key, allowed)
+        placed = self._classes.get(key, MISSING)
+        if placed is MISSING:
+            placed = fast_place(shape.topology, node.rows, node.shared, allowed, shape.unit_mib, ask)
+            if len(self._classes) >= MAX_MEMO:
+                del self._classes[next(iter(self._classes))]
+            self._classes[key] = placed
+        return placed  # type: ignore[no-any-return]
+
+    def placed_fit(self, node: NodeState, shape: Shape, ask: PodAsk, allowed: tuple[bool, ...],
+                   placed: tuple[tuple[int, ...], ...]) -> Fit:
+        """The Fit of a placement made from the node's card rows (equal ones shared, not made again)."""
+        p = packing(placed, node.rows, allowed, shape.unit_mib, ask, node.used_total if False not in allowed else None)
+        multi = [c for c in placed if len(c) > 1]
+        return Fit.placed_at(placed, max((shape.topology.worst(c) for c in multi), default=None), p)
 
     def placement(self, ask: PodAsk, uid: str, name: str) -> Fit:
         """`verdict` with the cards, worst link and packing when the pod fits (prioritize, bind)."""
@@ -289,10 +348,54 @@ class ClusterView:
         out: list[Fit | None] = [cache.get(n) for n in names]
         own = self._wanted_at.get(uid)
         if own is not None or None in out:
+            if table is self._verdicts:
+                self._fill(ask, names, out, cache, own)
             for i, n in enumerate(names):
                 if out[i] is None or n == own:
                     out[i] = one(ask, uid, n)
         return out  # type: ignore[return-value]  # no None left
+
+    def _fill(self, ask: PodAsk, names: list[str], out: list[Fit | None], cache: dict[str, Fit],
+              own: str | None) -> None:
+        """`verdict` for the known nodes not cached (but the pod's own node), in one loop: a new ask's first call
+        visits every node."""
+        nodes = self.nodes
+        placed = self._cache(self._placements, ask.key)
+        whole = ask.whole_only and len(ask.containers) == 1
+        plans: dict[int, Plan | None] = {}
+        for i, n in enumerate(names):
+            if out[i] is not None or n == own:
+                continue
+            node = nodes.get(n)
+            if node is None:
+                continue
+            fit = placed.get(n)
+            if fit is None:
+                shape = node.shape
+                if shape is None:
+                    fit = Fit.never(node.problem)
+                else:
+                    plan = plans.get(shape.ident, MISSING)
+                    if plan is MISSING:
+                        plan = plans[shape.ident] = self._plan(shape, ask)
+                    if node.stale:
+                        node.refresh()
+                    fit = (plan.fit(node) if plan is not None and not node.cordon.cards else None) or self._first(
+                        node, shape, ask, whole)
+            out[i] = cache[n] = fit
+
+    def _plan(self, shape: Shape, ask: PodAsk) -> Plan | None:
+        """A `Plan` for nodes of `shape` without a cordon, when the pod has one GPU container (or several, each a
+        share, placed by `binpack` or `topology`) and no card choices."""
+        if ask.choices.constrains or not ask.containers:
+            return None
+        if len(ask.containers) > 1 and (ask.choices.policy == "spread"
+                                        or any(c.cores >= HUNDRED for c in ask.containers)):
+            return None
+        allowed, never = self._static(shape, ask)
+        if never is not None:
+            return None
+        return Plan(self, shape, ask, allowed)
 
     def _node_changed(self, name: str) -> None:
         for table in (self._verdicts, self._placements):
@@ -343,10 +446,120 @@ class ClusterView:
         fit = self._memo.get(memo_key)
         if fit is None:
             fit = place(shape.topology, ledger, allowed, shape.unit_mib, ask)
-            if len(self._memo) >= MAX_MEMO:
-                del self._memo[next(iter(self._memo))]
-            self._memo[memo_key] = fit
+            self._remember(memo_key, fit)
         return with_packing(fit, ledger, allowed, shape.unit_mib, ask)
+
+    def _remember(self, key: tuple[object, ...], fit: Fit) -> None:
+        if len(self._memo) >= MAX_MEMO:
+            del self._memo[next(iter(self._memo))]
+        self._memo[key] = fit
+
+
+class Plan:
+    """The first verdicts of one ask on the nodes of one shape (no cordon, no per-pod card choices): nodes in
+    the same state for this ask get the same Fit, found by a small key instead of placing again.
+
+    A share goes on the first of the node's shared cards that fits (`fast_place`), and its Fit is then a function
+    of that card's used cores and free memory and the node's used cores in all (`packing`). Whole cards are a
+    function of which cards are healthy and free (`NodeState.whole_key`); their Fit, of that and the node's
+    used cores, since a free card holds nothing (no cores, all its memory free). Anything else (no shared card
+    fits, the pod does not fit, `spread`): None, and `ClusterView._first` decides. Several shares: each on the
+    tightest of the shared cards as the earlier ones left them, as long as one fits."""
+
+    def __init__(self, view: ClusterView, shape: Shape, ask: PodAsk, allowed: tuple[bool, ...]):
+        self.view, self.shape, self.ask, self.allowed = view, shape, ask, allowed
+        need = ask.containers[0]
+        self.whole = need.cores >= HUNDRED
+        self.cores, self.mem = need.cores, need.memory_units * shape.unit_mib
+        self.all_allowed = False not in allowed
+        self.share = not self.whole and ask.choices.policy != "spread"
+        self.several = [(c.cores, c.memory_units * shape.unit_mib) for c in ask.containers] if len(
+            ask.containers) > 1 else []
+        self.fits: dict[tuple[int, ...], Fit | None] = {}
+        self.on_free: dict[int, tuple[tuple[int, ...], ...] | None] = {}  # whole_key -> where a share goes
+        self.classes: dict[int, tuple[tuple[int, ...], ...] | Fit] = {}  # whole_key -> whole cards, or why not
+        self.worsts: dict[tuple[tuple[int, ...], ...], LevelKey | None] = {}  # cards -> their worst link
+
+    def fit(self, node: NodeState) -> Fit | None:
+        key: tuple[int, ...]
+        if self.several:
+            return self._shares(node)
+        if self.share:
+            cores, mem, allowed = self.cores, self.mem, self.allowed
+            for r in node.shared:
+                if r.free_cores >= cores and r.free_memory_mib >= mem and allowed[r.index]:
+                    key = (r.index, r.used_cores, r.free_memory_mib, node.used_total)
+                    fit = self.fits.get(key)
+                    if fit is None:
+                        fit = self.fits[key] = self._make(node, ((r.index,),))
+                    return fit
+            # no shared card fits: the share goes on a free card, chosen by which cards are healthy and free
+            key = (-2, node.whole_key, node.used_total)
+            if key not in self.fits:
+                if node.whole_key not in self.on_free:
+                    self.on_free[node.whole_key] = fast_place(
+                        self.shape.topology, node.rows, node.shared, allowed, self.shape.unit_mib, self.ask)
+                placed = self.on_free[node.whole_key]
+                self.fits[key] = None if placed is None else self._make(node, placed)
+            return self.fits[key]
+        if not self.whole:
+            return None
+        got = self.classes.get(node.whole_key)
+        if got is None:
+            cards = self.view.classify(self.shape, self.ask, self.allowed, node)
+            # where the pod does not fit, the verdict too is a function of which cards are healthy and free
+            got = self.classes[node.whole_key] = (cards if cards is not None
+                                                  else self.view._first(node, self.shape, self.ask, True))
+        if isinstance(got, Fit):
+            return got
+        key = (-1, node.whole_key, node.used_total)
+        fit = self.fits.get(key)
+        if fit is None:
+            fit = self.fits[key] = self._make(node, got)
+        return fit
+
+    def _shares(self, node: NodeState) -> Fit | None:
+        """Several shares, placed as `fast_place` places them: each on the tightest fitting shared card (as the
+        earlier containers left it), else on a free card in `_share_pick`'s order (a free card holds nothing: all
+        its cores and memory are free); None when one does not fit."""
+        allowed, rows = self.allowed, node.rows
+        left = {r.index: [r.free_cores, r.free_memory_mib, r.used_cores] for r in node.shared if allowed[r.index]}
+        free = [r.index for r in rows if r.healthy and r.mode == "free" and allowed[r.index]]
+        out = []
+        for cores, mem in self.several:
+            best: tuple[int, int, int] | None = None
+            for i, (free_cores, free_mem, _used) in left.items():
+                if free_cores >= cores and free_mem >= mem and (best is None or (free_cores, free_mem, i) < best):
+                    best = (free_cores, free_mem, i)
+            if best is not None:
+                i = best[2]
+                card = left[i]
+                card[2] += cores
+                card[0] = max(0, HUNDRED - card[2])
+                card[1] -= mem
+            else:
+                fitting = [c for c in free if rows[c].memory_mib >= mem]
+                if not fitting:
+                    return None
+                ranked = rank_free(self.shape.topology, fitting)
+                if self.ask.choices.policy == "topology":
+                    i = ranked[0]
+                else:
+                    rank = {c: k for k, c in enumerate(ranked)}
+                    i = min(fitting, key=lambda c: (rows[c].memory_mib - mem, rank[c], c))
+                free.remove(i)
+                left[i] = [max(0, HUNDRED - cores), rows[i].memory_mib - mem, cores]
+            out.append((i,))
+        return self._make(node, tuple(out))
+
+    def _make(self, node: NodeState, placed: tuple[tuple[int, ...], ...]) -> Fit:
+        p = packing(placed, node.rows, self.allowed, self.shape.unit_mib, self.ask,
+                    node.used_total if self.all_allowed else None)
+        if len(placed) == 1 and len(placed[0]) == 1:
+            return Fit.placed_at(placed, None, p)
+        if placed not in self.worsts:  # the same few sets on many nodes
+            self.worsts[placed] = max((self.shape.topology.worst(c) for c in placed if len(c) > 1), default=None)
+        return Fit.placed_at(placed, self.worsts[placed], p)
 
 
 @dataclass(frozen=True)

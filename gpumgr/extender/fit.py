@@ -14,12 +14,14 @@ the packing measure that prioritize scores on.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from functools import cached_property
+from dataclasses import dataclass, field, replace
 
 from gpumgr.allocator import Allocation, InvalidRequest, Ledger, NoFit, Request, choose
+from gpumgr.allocator.fragment import rank_free, rank_spread_among
+from gpumgr.allocator.link import link_among
 from gpumgr.allocator.request import HUNDRED
 from gpumgr.extender.ask import ContainerNeed, PodAsk
+from gpumgr.extender.nodestate import CardLike, CardRow, card_rows
 from gpumgr.levels import LevelKey
 from gpumgr.topology import Topology
 
@@ -45,8 +47,9 @@ def static_check(models: Sequence[str], memory_mib: Sequence[int], unit_mib: int
     return allowed, None
 
 
-def quick_check(ledger: Ledger, allowed: tuple[bool, ...], unit_mib: int, ask: PodAsk) -> Fit | None:
+def quick_check(cards: Sequence[CardLike], allowed: tuple[bool, ...], unit_mib: int, ask: PodAsk) -> Fit | None:
     """The verdict for a pod with one GPU container without running an evaluator (None: more containers).
+    `cards`: a ledger's cards, or the card rows of a node (`NodeState.rows`).
 
     Call after `static_check` passed. A passing verdict has no cards yet (`placed` False).
     """
@@ -54,7 +57,6 @@ def quick_check(ledger: Ledger, allowed: tuple[bool, ...], unit_mib: int, ask: P
         return None
     need = ask.containers[0]
     req = request(need, unit_mib)
-    cards = ledger.cards
     if req.whole:
         free = sum(1 for i, ok in enumerate(allowed) if ok and cards[i].healthy and cards[i].mode == "free")
         if free >= req.cards_needed:
@@ -65,15 +67,15 @@ def quick_check(ledger: Ledger, allowed: tuple[bool, ...], unit_mib: int, ask: P
             if (ok and c.healthy and c.free_cores >= req.cores and c.free_memory_mib >= req.memory_mib
                     and c.mode != "exclusive"):
                 return UNPLACED
-    reason = f"container {need.name}: {_shortfall(ledger, ledger, allowed, req)}"
-    return _not_now_or_never(reason, ledger, allowed, unit_mib, ask)
+    reason = f"container {need.name}: {_shortfall(cards, cards, allowed, req)}"
+    return _not_now_or_never(reason, cards, allowed, unit_mib, ask)
 
 
 def place(topo: Topology, ledger: Ledger, allowed: tuple[bool, ...], unit_mib: int, ask: PodAsk) -> Fit:
     """Cards for every GPU container, or why not. Call after `static_check` passed. No packing yet."""
     placed = _place(topo, ledger, allowed, unit_mib, ask)
     if isinstance(placed, str):
-        return _not_now_or_never(placed, ledger, allowed, unit_mib, ask, topo)
+        return _not_now_or_never(placed, ledger.cards, allowed, unit_mib, ask, topo)
     multi = [c for c in placed if len(c) > 1]
     worst = max((topo.worst(c) for c in multi), default=None)
     return Fit(ok=True, unresolvable=False, reason="", cards=placed, worst=worst, placed=True)
@@ -83,27 +85,127 @@ def with_packing(fit: Fit, ledger: Ledger, allowed: tuple[bool, ...], unit_mib: 
     """`fit` with `packing`: 0..1, how full the cards the pod would use (and the node) are afterwards."""
     if not fit.ok or not fit.placed:
         return fit
-    cards = ledger.cards
+    return replace(fit, packing=packing(fit.cards, card_rows(ledger), allowed, unit_mib, ask))
+
+
+def packing(placed: tuple[tuple[int, ...], ...], cards: Sequence[CardRow], allowed: tuple[bool, ...],
+            unit_mib: int, ask: PodAsk, used_total: int | None = None) -> float:
+    """The packing measure of `with_packing`. `used_total`: the sum of `min(used cores, 100)` over the allowed
+    cards, when the caller knows it (the sum is of integers: the same whichever way it is made)."""
+    if len(placed) == 1 and used_total is not None:  # the common case (each card once), in short
+        need = ask.containers[0]
+        whole = need.cores >= HUNDRED
+        total = used_total
+        on_cards = 0.0
+        for i in placed[0]:
+            c = cards[i]
+            taken = min(c.used_cores + (HUNDRED if whole else need.cores), HUNDRED)
+            used_mem = c.memory_mib - c.free_memory_mib + (c.memory_mib if whole else need.memory_units * unit_mib)
+            on_cards += (taken / HUNDRED + (min(used_mem / c.memory_mib, 1.0) if c.memory_mib else 1.0)) / 2
+            total += taken - min(c.used_cores, HUNDRED)
+        on_cards /= len(placed[0])
+        on_node = total / (HUNDRED * allowed.count(True))
+        return CARDS_WEIGHT * on_cards + (1 - CARDS_WEIGHT) * on_node
     add_cores: dict[int, int] = {}
     add_mem: dict[int, int] = {}
-    for need, chosen in zip(ask.containers, fit.cards, strict=True):
+    for need, chosen in zip(ask.containers, placed, strict=True):
+        whole = need.cores >= HUNDRED
         for i in chosen:
-            whole = need.cores >= HUNDRED
             add_cores[i] = add_cores.get(i, 0) + (HUNDRED if whole else need.cores)
             add_mem[i] = add_mem.get(i, 0) + (cards[i].memory_mib if whole else need.memory_units * unit_mib)
 
-    def after(i: int) -> int:
-        return min(cards[i].used_cores + add_cores.get(i, 0), HUNDRED)
-
     on_cards = 0.0
-    for i in add_cores:
+    changed = 0  # how much the pod adds to the allowed cards' used cores (each card counted up to 100)
+    for i, add in add_cores.items():
         c = cards[i]
+        taken = min(c.used_cores + add, HUNDRED)
         used_mem = c.memory_mib - c.free_memory_mib + add_mem[i]
-        on_cards += (after(i) / HUNDRED + (min(used_mem / c.memory_mib, 1.0) if c.memory_mib else 1.0)) / 2
+        on_cards += (taken / HUNDRED + (min(used_mem / c.memory_mib, 1.0) if c.memory_mib else 1.0)) / 2
+        if allowed[i]:
+            changed += taken - min(c.used_cores, HUNDRED)
     on_cards /= len(add_cores)
-    usable = [i for i, ok in enumerate(allowed) if ok]
-    on_node = sum(after(i) for i in usable) / (HUNDRED * len(usable))
-    return replace(fit, packing=CARDS_WEIGHT * on_cards + (1 - CARDS_WEIGHT) * on_node)
+    if used_total is None:
+        used_total = sum(min(cards[i].used_cores, HUNDRED) for i, ok in enumerate(allowed) if ok)
+    on_node = (used_total + changed) / (HUNDRED * allowed.count(True))
+    return CARDS_WEIGHT * on_cards + (1 - CARDS_WEIGHT) * on_node
+
+
+def fast_place(topo: Topology, cards: Sequence[CardRow], shared: Sequence[CardRow], allowed: tuple[bool, ...],
+               unit_mib: int, ask: PodAsk) -> tuple[tuple[int, ...], ...] | None:
+    """The cards `place` chooses, read from card rows instead of a ledger, for the pods that are most of the
+    work: every GPU container a share of one card, or one container of whole cards. None when it does not apply,
+    or when a container does not fit (`place` then says why). Call after `static_check` passed.
+
+    `shared`: the healthy shared cards by (free cores, free memory, index). `binpack` and `topology` take the
+    first of them that fits (`choose_share` puts every shared card before the free ones, then orders them so),
+    which saves looking at the other cards."""
+    policy = ask.choices.policy
+    first = ask.containers[0]
+    if len(ask.containers) == 1 and first.cores >= HUNDRED:
+        free = [r.index for r in cards if r.healthy and r.mode == "free" and allowed[r.index]]
+        count = first.cores // HUNDRED
+        if len(free) < count:
+            return None
+        if count > 1:
+            return (link_among(topo, free, free, count),)
+        if policy == "spread":
+            return ((rank_spread_among(topo, [r.index for r in cards if r.mode != "free"], free)[0],),)
+        return ((rank_free(topo, free)[0],),)
+    if len(ask.containers) == 1 and policy != "spread":
+        mem = first.memory_units * unit_mib
+        for r in shared:
+            if r.free_cores >= first.cores and r.free_memory_mib >= mem and allowed[r.index]:
+                return ((r.index,),)
+    work = list(cards)
+    out = []
+    for need in ask.containers:
+        if need.cores >= HUNDRED:
+            return None
+        mem = need.memory_units * unit_mib
+        i = _share_pick(topo, work, allowed, need.cores, mem, policy)
+        if i is None:
+            return None
+        r = work[i]
+        used = r.used_cores + need.cores
+        work[i] = CardRow(index=i, memory_mib=r.memory_mib, healthy=r.healthy, mode="shared", used_cores=used,
+                          free_cores=max(0, HUNDRED - used), free_memory_mib=r.free_memory_mib - mem)
+        out.append((i,))
+    return tuple(out)
+
+
+def _share_pick(topo: Topology, cards: Sequence[CardRow], allowed: tuple[bool, ...], cores: int, mem: int,
+                policy: str) -> int | None:
+    """`choose_share` on card rows whose cards outside `allowed` count as unhealthy (as `place` marks them)."""
+    if policy != "spread":  # a shared card that fits comes first, the one that fits tightest (see `fast_place`)
+        best: tuple[int, int, int] | None = None
+        for r in cards:
+            if (r.mode == "shared" and r.healthy and allowed[r.index] and r.free_cores >= cores
+                    and r.free_memory_mib >= mem):
+                k = (r.free_cores, r.free_memory_mib, r.index)
+                if best is None or k < best:
+                    best = k
+        if best is not None:
+            return best[2]
+    fitting = [r for r in cards if allowed[r.index] and r.healthy and r.mode != "exclusive"
+               and r.free_cores >= cores and r.free_memory_mib >= mem]
+    if not fitting:
+        return None
+    free = [r.index for r in fitting if r.mode == "free"]
+    if policy == "spread":
+        ranked = rank_spread_among(topo, [r.index for r in cards if r.mode != "free"], free)
+    else:
+        ranked = rank_free(topo, free)
+    free_order = {c: k for k, c in enumerate(ranked)}
+
+    def key(c: CardRow) -> tuple[object, ...]:
+        rank = free_order.get(c.index, 0)
+        if policy == "spread":
+            return (-c.free_cores, -c.free_memory_mib, rank, c.index)
+        if policy == "topology":
+            return (c.mode == "free", rank, c.free_cores - cores, c.free_memory_mib - mem, c.index)
+        return (c.mode == "free", c.free_cores - cores, c.free_memory_mib - mem, rank, c.index)
+
+    return min(fitting, key=key).index
 
 
 def fit_pod(topo: Topology, ledger: Ledger, models: Sequence[str], unit_mib: int, ask: PodAsk) -> Fit:
@@ -130,18 +232,17 @@ def _place(topo: Topology, ledger: Ledger, allowed: tuple[bool, ...], unit_mib: 
         try:
             placement = choose(topo, work, req, policy=ask.choices.policy)
         except (NoFit, InvalidRequest):
-            return f"container {need.name}: {_shortfall(work, ledger, allowed, req)}"
+            return f"container {need.name}: {_shortfall(work.cards, ledger.cards, allowed, req)}"
         work.assign(Allocation(key=f"pending/{need.index}", cards=placement.cards, cores=req.cores,
                                memory_mib=req.memory_mib))
         out.append(placement.cards)
     return tuple(out)
 
 
-def _not_now_or_never(reason: str, ledger: Ledger, allowed: tuple[bool, ...], unit_mib: int, ask: PodAsk,
+def _not_now_or_never(reason: str, cards: Sequence[CardLike], allowed: tuple[bool, ...], unit_mib: int, ask: PodAsk,
                       topo: Topology | None = None) -> Fit:
     """Unresolvable when the pod would not fit even on this node emptied of pods (unhealthy cards, or
     containers that together ask more than the node has): preemption cannot help there."""
-    cards = ledger.cards
     healthy = [i for i, ok in enumerate(allowed) if ok and cards[i].healthy]
     if len(ask.containers) == 1:
         req = request(ask.containers[0], unit_mib)
@@ -162,22 +263,23 @@ def _not_now_or_never(reason: str, ledger: Ledger, allowed: tuple[bool, ...], un
     return Fit.never(f"{reason}; it would not fit even with no other pods on the node{why}")
 
 
-def _shortfall(work: Ledger, original: Ledger, allowed: tuple[bool, ...], req: Request) -> str:
+def _shortfall(work: Sequence[CardLike], original: Sequence[CardLike], allowed: tuple[bool, ...],
+               req: Request) -> str:
     """What is missing, counting only cards of an accepted model (`work` may hide the others as unhealthy)."""
     usable = [i for i, ok in enumerate(allowed) if ok]
     if not req.whole:
-        shareable = [work.cards[i] for i in usable if work.cards[i].healthy and work.cards[i].mode != "exclusive"]
+        shareable = [work[i] for i in usable if work[i].healthy and work[i].mode != "exclusive"]
         head = f"needs {req.cores} cores and {req.memory_mib} MiB on one card"
         if not shareable:
-            healthy = sum(1 for i in usable if work.cards[i].healthy)
+            healthy = sum(1 for i in usable if work[i].healthy)
             if not healthy:
                 return f"{head}; no card is healthy"
             whole = f"all {healthy} healthy cards are held whole" if healthy > 1 else "the healthy card is held whole"
             return f"{head}; {whole} by whole-card pods"
         return (f"{head}; the best cards have {max(c.free_cores for c in shareable)} free cores and "
                 f"{max(c.free_memory_mib for c in shareable)} MiB free")
-    free = sum(1 for i in usable if work.cards[i].healthy and work.cards[i].mode == "free")
-    sick = sum(1 for i in usable if not original.cards[i].healthy)
+    free = sum(1 for i in usable if work[i].healthy and work[i].mode == "free")
+    sick = sum(1 for i in usable if not original[i].healthy)
     busy = len(usable) - free - sick
     scope = "cards" if len(usable) == len(allowed) else "cards of an accepted model"
     need = req.cards_needed
@@ -195,7 +297,7 @@ def _model_reason(models: Sequence[str], ask: PodAsk) -> str:
     return f"no card matches {' and '.join(wanted)}; the node has {', '.join(have) or 'no cards'}"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class Fit:
     ok: bool
     unresolvable: bool  # True: this node can never take the pod (preemption will not help)
@@ -204,11 +306,27 @@ class Fit:
     worst: LevelKey | None = None  # the worst link inside any multi-card container's set
     packing: float = 0.0  # 0..1: how full the used cards (and the node) are afterwards; see with_packing
     placed: bool = False  # cards (and worst, packing) are known; a quick verdict has only `ok`
+    # `packing` on the 0..10 scale of extender scores; 0 when the pod does not fit (an attribute: prioritize reads
+    # it for thousands of nodes per call)
+    points: int = field(init=False, repr=False)
 
-    @cached_property
-    def points(self) -> int:
-        """`packing` on the 0..10 scale of extender scores; 0 when the pod does not fit."""
-        return round(self.packing * 10) if self.ok else 0
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "points", round(self.packing * 10) if self.ok else 0)
+
+    @classmethod
+    def placed_at(cls, cards: tuple[tuple[int, ...], ...], worst: LevelKey | None, packing: float) -> Fit:
+        """A fitting, placed Fit, made the fast way: the first call of a new ask makes one per node."""
+        fit = object.__new__(cls)
+        put = object.__setattr__  # frozen: its own __setattr__ refuses
+        put(fit, "ok", True)
+        put(fit, "unresolvable", False)
+        put(fit, "reason", "")
+        put(fit, "cards", cards)
+        put(fit, "worst", worst)
+        put(fit, "packing", packing)
+        put(fit, "placed", True)
+        put(fit, "points", round(packing * 10))
+        return fit
 
     @classmethod
     def not_now(cls, reason: str) -> Fit:

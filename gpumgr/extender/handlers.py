@@ -2,9 +2,14 @@
 
 Every error is JSON (`{"Error": "..."}`): 400 for a body the extender cannot use, 413 for one over the size
 limit (also when it only expands past it), 408 for a body that does not arrive in time, 415 for an unknown
-Content-Encoding, 503 when too many bodies are in flight, 404/405 for wrong paths and methods; a bind the
-extender must never make (see `binder.BindRefused`) 403/409/422. A bind that fails for any other reason is
+Content-Encoding, 503 when too many bodies are in flight or when this replica is not the elected leader
+(`gate`, see `leader.Elector.refusal`), 404/405 for wrong paths and methods;
+a bind the extender must never make (see `binder.BindRefused`) 403/409/422. A bind that fails for any other reason is
 HTTP 200 with `Error`, as the API wants. Bodies are read by `body.read_body`, never `request.read()`.
+
+`/readyz` is 200 once the view is synced and, with leader election, the election loop runs (`health`): a
+standby is ready too, so rolling updates and disruption budgets work; the Service routes to the leader by its
+pod label (`leaderlabel`). `/healthz` is 500 when the election loop has ended: the kubelet restarts the container.
 """
 
 from __future__ import annotations
@@ -36,10 +41,13 @@ from gpumgr.extender.wire import (
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Gate = Callable[[], str]  # why this replica must not serve now, or "" (leader election)
+Health = Callable[[], str]  # why the election loop is not running, or ""
 
 
-def build_app(view: ClusterView, binder: Binder, policy: str, prefix: str, limits: Limits) -> web.Application:
-    routes = Routes(view, binder, policy, limits)
+def build_app(view: ClusterView, binder: Binder, policy: str, prefix: str, limits: Limits,
+              gate: Gate | None = None, health: Health | None = None) -> web.Application:
+    routes = Routes(view, binder, policy, limits, gate, health)
     app = web.Application(middlewares=[json_errors(), send_within(limits.body_timeout)],
                           client_max_size=limits.max_body_bytes)
     app.router.add_post(f"{prefix}/filter", routes.filter)
@@ -50,9 +58,9 @@ def build_app(view: ClusterView, binder: Binder, policy: str, prefix: str, limit
     return app
 
 
-def build_probe_app(view: ClusterView) -> web.Application:
+def build_probe_app(view: ClusterView, gate: Gate | None = None, health: Health | None = None) -> web.Application:
     """Only `/healthz` and `/readyz`, for kubelet probes on a plain-HTTP port (they present no client cert)."""
-    routes = Routes(view, None, "", Limits())
+    routes = Routes(view, None, "", Limits(), gate, health)
     app = web.Application(middlewares=[json_errors()], client_max_size=1024)
     app.router.add_get("/healthz", routes.healthz)
     app.router.add_get("/readyz", routes.readyz)
@@ -65,7 +73,10 @@ SYNCING = "the gpumgr extender is still listing nodes and pods; try again shortl
 
 
 class Routes:
-    def __init__(self, view: ClusterView, binder: Binder | None, policy: str, limits: Limits):
+    def __init__(self, view: ClusterView, binder: Binder | None, policy: str, limits: Limits,
+                 gate: Gate | None = None, health: Health | None = None):
+        self.gate = gate
+        self.health = health
         self.view = view
         self.binder = binder
         self.policy = policy
@@ -86,8 +97,14 @@ class Routes:
     def _decode(self, raw: bytes) -> Any:
         return decode_json(raw, self.max_json_containers)
 
+    def _not_leading(self) -> web.Response | None:
+        why = self.gate() if self.gate is not None else ""
+        return not_leader_reply(why) if why else None
+
     async def filter(self, request: web.Request) -> web.StreamResponse:
         raw = await read_body(request, self.limits, self.budget)
+        if refused := self._not_leading():
+            return refused
         async with self.lane.turn(len(raw)):  # decoding, the verdicts and the answer run without awaiting
             return self._filter(self._decode(raw))
 
@@ -115,6 +132,8 @@ class Routes:
 
     async def prioritize(self, request: web.Request) -> web.StreamResponse:
         raw = await read_body(request, self.limits, self.budget)
+        if refused := self._not_leading():
+            return refused
         async with self.lane.turn(len(raw)):
             return self._prioritize(self._decode(raw))
 
@@ -134,6 +153,10 @@ class Routes:
         async with self.lane.turn(len(raw)):
             args = parse_binding_args(self._decode(raw))
         assert self.binder is not None
+        why = self.gate() if self.gate is not None else ""
+        if why:
+            log.info("bind of pod %s/%s to node %s refused (503): %s", args.namespace, args.name, args.node, why)
+            return not_leader_reply(why)
         if not self.view.ready:
             return reply(binding_reply(SYNCING))
         try:
@@ -141,21 +164,45 @@ class Routes:
         except BindRefused as e:
             log.warning("bind of pod %s/%s to node %s refused (%d): %s", args.namespace, args.name, args.node,
                         e.status, e)
-            return reply(binding_reply(f"gpumgr: refusing to bind pod {args.namespace}/{args.name} to node "
+            resp = reply(binding_reply(f"gpumgr: refusing to bind pod {args.namespace}/{args.name} to node "
                                        f"{args.node}: {e}"), status=e.status)
+            if e.status == 503:  # stopped leading mid-bind: see not_leader_reply
+                resp.force_close()
+            return resp
 
     async def healthz(self, _request: web.Request) -> web.StreamResponse:
+        broken = self.health() if self.health is not None else ""
+        if broken:
+            return reply({"status": "election-stopped", "reason": broken}, status=500)
         return reply({"status": "alive"})
 
     async def readyz(self, _request: web.Request) -> web.StreamResponse:
+        broken = self.health() if self.health is not None else ""
+        if broken:
+            return reply({"status": "election-stopped", "reason": broken}, status=503)
         if self.view.ready:
-            return reply({"status": "ready", "nodes": len(self.view.nodes)})
+            doc: dict[str, Any] = {"status": "ready", "nodes": len(self.view.nodes)}
+            if self.gate is not None:
+                why = self.gate()
+                doc["leader"] = not why
+                if why:
+                    doc["reason"] = why
+            return reply(doc)
         missing = sorted({"nodes", "pods"} - self.view.synced)
         return reply({"status": "syncing", "waiting_for": missing}, status=503)
 
 
 def reply(body: Any, status: int = 200) -> web.Response:
     return reply_bytes(json.dumps(body, separators=(",", ":")).encode(), status)
+
+
+def not_leader_reply(why: str) -> web.Response:
+    """503 from a replica that is not the serving leader. The connection is closed: a Service balances
+    connections, not requests, so the caller's next connection goes to a ready replica (the leader) instead of
+    staying pinned to this one."""
+    resp = reply({"Error": why}, status=503)
+    resp.force_close()
+    return resp
 
 
 def reply_bytes(body: bytes, status: int = 200) -> web.Response:

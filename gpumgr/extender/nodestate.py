@@ -9,10 +9,11 @@ until the cards are released, so the ledger never over-commits and no holding is
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from gpumgr.allocator import Allocation, Ledger, LedgerError
+from gpumgr.allocator import HUNDRED, Allocation, CardState, Ledger, LedgerError
 from gpumgr.choices import NO_CORDON, Cordon
 from gpumgr.devices.types import GPU
 from gpumgr.extender.claims import Claim
@@ -37,7 +38,16 @@ class NodeState:
         self.waiting: dict[str, list[Allocation]] = {}  # pod UID -> holdings that conflict with others
         self.on_change = on_change  # told the node's name whenever its ledger changes
         self._state: object = None
-        self._mask: object = None
+        # the ledger's cards as plain values, brought up to date card by card (`refresh`) after holdings change:
+        # the hot loops of filter and prioritize read these instead of the ledger's derived properties (sums over
+        # holders). Refreshed on demand, not at each change: the initial list of pods changes nodes ~8 times each.
+        self.rows: list[CardRow] = []
+        self.whole: tuple[tuple[bool, bool], ...] = ()  # per card (healthy, free): the state whole-card asks see
+        self.whole_key = 0  # the same as bits: cheap to hash
+        self.shared: tuple[CardRow, ...] = ()  # healthy shared cards by (free cores, free memory, index)
+        self.used_total = 0  # sum over all cards of used cores (at most 100 each)
+        self._touched: set[int] | None = None  # cards whose rows are out of date (None: all of them)
+        self.stale = True
         self.gpus: tuple[GPU, ...] = ()  # for per-pod UUID choices and the cordon
         self.cordon: Cordon = NO_CORDON  # the node's gpumgr.io/cordoned-gpus, read
 
@@ -71,19 +81,23 @@ class NodeState:
             self.waiting[uid] = allocs
             log.warning("node %s: cards of pod %s conflict with other holdings; counted once they are free",
                         self.name, uid)
-        self.changed()
+        self.changed({i for a in allocs for i in a.cards})
 
     def drop(self, uid: str) -> bool:
         self.waiting.pop(uid, None)
         keys = self.keys.pop(uid, None)
         if keys is None:
             return False
+        touched: set[int] = set()
         for k in keys:
-            self.ledger.release(k)
+            gone = self.ledger.release(k)
+            if gone is not None:
+                touched.update(gone.cards)
         for other, allocs in list(self.waiting.items()):
             if self._assign(other, allocs):
                 del self.waiting[other]
-        self.changed()
+                touched.update(i for a in allocs for i in a.cards)
+        self.changed(touched)
         return True
 
     def holds(self, uid: str) -> bool:
@@ -110,23 +124,47 @@ class NodeState:
         return True
 
     # -- caching --------------------------------------------------------------------------------------------
-    def changed(self) -> None:
+    def changed(self, cards: Iterable[int] | None = None) -> None:
+        """The holdings on `cards` (None: any card) changed. The card rows are out of date until `refresh`."""
+        if cards is None:
+            self._touched = None
+        elif self._touched is not None:
+            self._touched.update(cards)
+        self.stale = True
         self._state = None
-        self._mask = None
         if self.on_change is not None:
             self.on_change(self.name)
+
+    def refresh(self) -> None:
+        """Bring the card rows and what is derived from them up to date with the ledger."""
+        if not self.stale:
+            return
+        cards = self.ledger.cards
+        if self._touched is None or len(self.rows) != len(cards):
+            self.rows = [card_row(c) for c in cards]
+        else:
+            for i in self._touched:
+                if 0 <= i < len(cards):
+                    self.rows[i] = card_row(cards[i])
+        self._touched = set()
+        self.stale = False
+        rows = self.rows
+        self.whole = tuple((r.healthy, r.mode == "free") for r in rows)
+        self.whole_key = sum((r.healthy << (2 * k)) | ((r.mode == "free") << (2 * k + 1)) for k, r in enumerate(rows))
+        self.shared = tuple(sorted((r for r in rows if r.healthy and r.mode == "shared"),
+                                   key=lambda r: (r.free_cores, r.free_memory_mib, r.index)))
+        self.used_total = sum(min(r.used_cores, HUNDRED) for r in rows)
 
     def state(self, whole_only: bool) -> object:
         """The ledger as `place` sees it: equal states (on one shape) give equal placements.
 
         Whole-card requests only look at which cards are healthy and free; shares at every card's free cores
         and memory too."""
+        self.refresh()
         if whole_only:
-            if self._mask is None:
-                self._mask = whole_state(self.ledger)
-            return self._mask
+            return self.whole
         if self._state is None:
-            self._state = full_state(self.ledger)
+            self._state = tuple((r.healthy, r.mode, r.free_cores, r.free_memory_mib) for r in self.rows)
         return self._state
 
 
@@ -136,6 +174,47 @@ def full_state(ledger: Ledger) -> object:
 
 def whole_state(ledger: Ledger) -> object:
     return tuple((c.healthy, c.mode == "free") for c in ledger.cards)
+
+
+class CardLike(Protocol):
+    """What the fit steps read of a card: a ledger's `CardState` or a `CardRow`."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def memory_mib(self) -> int: ...
+    @property
+    def healthy(self) -> bool: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def used_cores(self) -> int: ...
+    @property
+    def free_cores(self) -> int: ...
+    @property
+    def free_memory_mib(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CardRow:
+    """One card of a ledger as plain values (what `CardState` derives from its holders)."""
+
+    index: int
+    memory_mib: int
+    healthy: bool
+    mode: str  # free | shared | exclusive
+    used_cores: int
+    free_cores: int
+    free_memory_mib: int
+
+
+def card_row(c: CardState) -> CardRow:
+    return CardRow(index=c.index, memory_mib=c.memory_mib, healthy=c.healthy, mode=c.mode, used_cores=c.used_cores,
+                   free_cores=c.free_cores, free_memory_mib=c.free_memory_mib)
+
+
+def card_rows(ledger: Ledger) -> list[CardRow]:
+    return [card_row(c) for c in ledger.cards]
 
 
 def shape_of(gpus: NodeGPUs) -> tuple[object, ...]:

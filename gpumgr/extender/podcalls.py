@@ -1,4 +1,5 @@
-"""The three API calls of a bind — read a pod, merge-patch its annotations, create its Binding — over aiohttp.
+"""The three API calls of a bind — read a pod, merge-patch its annotations, create its Binding — over aiohttp,
+and those of the leader election's Lease (read, create, replace with its resourceVersion).
 
 Bind latency is what the scheduler waits on, so these calls stay on the event loop (no thread hand-off, no model
 classes). Where and how to connect (server URL, bearer token or basic auth, CA, client certificate, TLS
@@ -48,13 +49,33 @@ class PodCalls:
         """JSON merge patch; a `metadata.resourceVersion` in it makes the API answer 409 when stale."""
         return await self._call("PATCH", _pod_path(namespace, name), patch, MERGE_PATCH)
 
-    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """The pods of one namespace that match a label selector (one page: a handful of extender pods)."""
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods?labelSelector={quote(label_selector)}"
+        items = (await self._call("GET", path)).get("items")
+        return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str, resource_version: str = "") -> None:
+        """Create the pod's Binding. `uid` and `resource_version` are preconditions the API server enforces
+        (BindingREST.setPodHostAndAnnotations): it answers 409 when the pod was replaced, or written since."""
         meta: dict[str, str] = {"name": name, "namespace": namespace}
         if uid:
-            meta["uid"] = uid  # a precondition: the API refuses to bind a pod replaced under the same name
+            meta["uid"] = uid
+        if resource_version:
+            meta["resourceVersion"] = resource_version
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         await self._call("POST", _pod_path(namespace, name) + "/binding", body)
+
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self._call("GET", _lease_path(namespace, name))
+
+    async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._call("POST", _lease_path(namespace, ""), body)
+
+    async def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT; the `metadata.resourceVersion` in `body` makes the API answer 409 when someone wrote since."""
+        return await self._call("PUT", _lease_path(namespace, name), body)
 
     async def _call(self, method: str, path: str, body: Any = None,
                     content_type: str = "application/json") -> dict[str, Any]:
@@ -62,7 +83,10 @@ class PodCalls:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT, sock_connect=CONNECT_TIMEOUT),
                 headers={"Accept": "application/json", "User-Agent": "gpumgr-extender"})
-        headers = await self._headers()
+        try:
+            headers = await self._headers()
+        except Exception as e:  # noqa: BLE001 - a kubeconfig exec plugin or token file that fails
+            raise ApiCallError(0, f"cannot make the API credentials: {type(e).__name__}: {e}") from None
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
@@ -107,6 +131,11 @@ class PodCalls:
 
 def _pod_path(namespace: str, name: str) -> str:
     return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
+
+
+def _lease_path(namespace: str, name: str) -> str:
+    base = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}/leases"
+    return f"{base}/{quote(name, safe='')}" if name else base
 
 
 def _ssl_context(cfg: Any) -> ssl.SSLContext:

@@ -9,6 +9,7 @@ Nodes the pod does not fit score 0. The same fits always give the same scores.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 from gpumgr.extender.fit import Fit
 
@@ -20,11 +21,13 @@ def scores(fits: Sequence[Fit], policy: str) -> list[int]:
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r} (expected one of {', '.join(POLICIES)})")
     spread = policy == "spread"
-    tiers = sorted({f.worst for f in fits if f.ok and f.worst is not None})
+    # thousands of fits per call: when none has a worst link (one card per container), no tier is looked for
+    worsts = set(map(attrgetter("worst"), fits))
+    tiers = sorted({f.worst for f in fits if f.ok and f.worst is not None}) if worsts != {None} and worsts else []
     if not tiers:
         if spread:
             return [MAX_SCORE - f.points if f.ok else 0 for f in fits]
-        return [f.points for f in fits]
+        return list(map(attrgetter("points"), fits))
     width = (MAX_SCORE + 1) / len(tiers)
     bands = {}
     for t, key in enumerate(tiers):  # t = 0 is the best link: the top band

@@ -7,6 +7,12 @@
     ...
     await server.stop()
 
+With `election=ElectionSettings(...)` several replicas run and one serves: the leader of a coordination.k8s.io
+Lease (`leader.Elector`); the others keep their views warm and answer the verbs 503 until they lead. Every
+synced replica whose election runs is ready (`/readyz` 200); the leader labels its own pod
+(`leaderlabel.LeaderLabel`) so that the Service routes to it alone. If the election loop ever ends, `/healthz`
+answers 500.
+
 An empty `api` means the in-cluster service account. Secure by default: the server refuses to start without a
 TLS context that requires client certificates, unless `insecure=True` is given (logged as a warning).
 """
@@ -23,13 +29,16 @@ from gpumgr.choices import ANN_CORDON
 from gpumgr.extender.binder import DEFAULT_SCHEDULER, Binder
 from gpumgr.extender.body import Limits
 from gpumgr.extender.cluster import ClusterView
-from gpumgr.extender.kubeaccess import KubeAccess
+from gpumgr.extender.kubeaccess import CALL_TIMEOUT, KubeAccess
+from gpumgr.extender.leader import ElectionSettings, Elector
+from gpumgr.extender.leaderlabel import LeaderLabel
 from gpumgr.extender.podcalls import PodCalls
 from gpumgr.extender.score import POLICIES
 from gpumgr.extender.slim import slim_pod
 from gpumgr.extender.tls import requires_client_certs
 from gpumgr.extender.watcher import Watcher
 
+SETTLE_TIMEOUT = 2 * CALL_TIMEOUT  # seconds a stopping leader waits for its binds: two API calls' worth
 BUSY_BODY = b'{"Error":"the gpumgr extender has too many open connections; try again"}'
 log = logging.getLogger(__name__)
 
@@ -41,7 +50,8 @@ INSECURE_WARNING = ("serving WITHOUT client authentication (--insecure-serve-wit
 class ExtenderServer:
     def __init__(self, api: Any, policy: str = "binpack", prefix: str = DEFAULT_PREFIX, *,
                  limits: Limits | None = None, tls: ssl.SSLContext | None = None, insecure: bool = False,
-                 scheduler_name: str = DEFAULT_SCHEDULER, probe: tuple[str, int] | None = None):
+                 scheduler_name: str = DEFAULT_SCHEDULER, probe: tuple[str, int] | None = None,
+                 election: ElectionSettings | None = None):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r} (expected one of {', '.join(POLICIES)})")
         if not insecure and not requires_client_certs(tls):
@@ -56,11 +66,15 @@ class ExtenderServer:
         self.scheduler_name = scheduler_name
         self.probe = probe
         self.probe_port: int | None = None
+        self.election = election
+        self.elector: Elector | None = None
         self.view = ClusterView()
         self._api = api
         self._access: KubeAccess | None = None
         self._calls: PodCalls | None = None
         self._watchers: list[Watcher] = []
+        self.binder: Binder | None = None
+        self._label: LeaderLabel | None = None
         self._runner: Any = None
         self._probe_runner: Any = None
         self.site: Any = None  # the CappedSite serving the verbs
@@ -90,8 +104,15 @@ class ExtenderServer:
         for w in self._watchers:
             w.start()
         self._calls = PodCalls(access.configuration)
-        binder = Binder(view, self._calls, scheduler_name=self.scheduler_name)
-        app = build_app(view, binder, self.policy, self.prefix, self.limits)
+        gate = guard = health = None
+        if self.election is not None:
+            self._label = LeaderLabel(self._calls)
+            self.elector = Elector(self.election, self._calls, on_elected=self._make_current,
+                                   on_stopped=self._label.unmark)
+            gate, guard, health = self.elector.refusal, self.elector.check, self.elector.failure
+        binder = Binder(view, self._calls, scheduler_name=self.scheduler_name, guard=guard)
+        self.binder = binder
+        app = build_app(view, binder, self.policy, self.prefix, self.limits, gate, health)
         runners = []
         try:
             runner = await _runner(app, self.limits)
@@ -100,7 +121,7 @@ class ExtenderServer:
                               handshake_timeout=self.limits.header_timeout, ssl_context=self.tls, busy_body=BUSY_BODY)
             await site.start()
             if self.probe is not None:
-                probe_runner = await _runner(build_probe_app(view), self.limits)
+                probe_runner = await _runner(build_probe_app(view, gate, health), self.limits)
                 runners.append(probe_runner)
                 probe_site = CappedSite(probe_runner, self.probe[0], self.probe[1], max_connections=16,
                                         handshake_timeout=self.limits.header_timeout, busy_body=BUSY_BODY)
@@ -114,6 +135,8 @@ class ExtenderServer:
         self._runner = runners[0]
         self._probe_runner = runners[1] if len(runners) > 1 else None
         self.site = site
+        if self.elector is not None:
+            self.elector.start()
         scheme = "https" if self.tls is not None else "http"
         auth = "client certificates required" if requires_client_certs(self.tls) else "NO client authentication"
         log.info("gpumgr extender listening on %s://%s:%d%s/{filter,prioritize,bind} (%s; policy %s; "
@@ -132,12 +155,34 @@ class ExtenderServer:
             while not self.view.ready:
                 await asyncio.sleep(0.02)
 
+    async def _make_current(self) -> None:
+        """A new leader lists pods and nodes again (what the old leader bound is in the API, maybe not yet in
+        this replica's watch), then labels its pod so that the Service routes to it."""
+        await asyncio.gather(*(w.relist() for w in self._watchers))
+        if self._label is not None:
+            await self._label.mark()
+
     async def stop(self) -> None:
+        """Stop binding, let requests in flight finish, hand the Lease back, stop the watches. The Lease is
+        released only when no bind of this replica can still write: a bind that had to be cancelled may have
+        sent a write that is still to commit, so then the Lease is left to expire."""
+        elector = self.elector
+        if elector is not None:
+            elector.step_down()
         for attr in ("_runner", "_probe_runner"):
             runner = getattr(self, attr)
             setattr(self, attr, None)
             if runner is not None:
                 await runner.cleanup()
+        settled = True
+        if self.binder is not None:
+            settled = await self.binder.settle(SETTLE_TIMEOUT)
+        if elector is not None:
+            self.elector = None
+            if not settled:
+                log.warning("leader election: binds were still running at shutdown; Lease %s is not released but "
+                            "left to expire", elector.settings.lease)
+            await elector.stop(release=settled)
         await self._stop_watches()
 
     async def _stop_watches(self) -> None:

@@ -4,6 +4,9 @@ The usual informer cycle: list (in pages), then watch from the list's resourceVe
 normal end of the stream; a 410 Gone (history compacted) or any error means a fresh list after a short backoff.
 Objects are reduced in the thread (`transform`, None = not interesting) and delivered on the loop with
 `loop.call_soon_threadsafe`, so the cluster view is only ever touched by the loop.
+
+`relist()` (a new leader making its view current) ends the watch and lists again at once; what it returns
+completes once that list has been handed to the loop.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +40,10 @@ class Watcher:
         self._on_list = on_list
         self._on_event = on_event
         self._stop = threading.Event()
+        self._wake = threading.Event()  # ends a backoff early: stop or relist
+        self._relist = threading.Event()
+        self._lock = threading.Lock()
+        self._waiting: list[asyncio.Future[None]] = []  # relist() callers, completed after the next list
         self._resp: Any = None
         self._thread = threading.Thread(target=self._run, name=f"gpumgr-extender-watch-{resource}", daemon=True)
 
@@ -44,11 +52,25 @@ class Watcher:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        self._wake.set()
+        self._end_stream()
+        self._thread.join(timeout=timeout)
+
+    def relist(self) -> asyncio.Future[None]:
+        """List again now (on the loop); the future completes once the new list is in the view."""
+        fut: asyncio.Future[None] = self._loop.create_future()
+        with self._lock:
+            self._waiting.append(fut)
+        self._relist.set()
+        self._wake.set()
+        self._end_stream()
+        return fut
+
+    def _end_stream(self) -> None:
         resp = self._resp
         if resp is not None:
             with contextlib.suppress(Exception):  # a stream that may already be closed
-                resp.shutdown()
-        self._thread.join(timeout=timeout)
+                cut_stream(resp)
 
     # -- the thread -----------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -58,6 +80,8 @@ class Watcher:
                 rv = self._list()
                 backoff = BACKOFF_FIRST
                 self._watch(rv)
+                if self._relist.is_set():
+                    continue
             except ApiCallError as e:
                 if self._stop.is_set():
                     return
@@ -66,10 +90,27 @@ class Watcher:
                 if self._stop.is_set():
                     return
                 log.exception("watch %s failed; listing again in %.1fs", self.resource, backoff)
-            self._stop.wait(backoff)
+            self._wake.wait(backoff)
+            self._wake.clear()
             backoff = min(backoff * 2, BACKOFF_MAX)
 
     def _list(self) -> str:
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+            self._relist.clear()
+            if not self._stop.is_set():
+                self._wake.clear()
+        try:
+            rv = self._list_all()
+        except BaseException:
+            with self._lock:
+                self._waiting[:0] = waiting  # the next list completes them
+            raise
+        if waiting:
+            self._post(_complete, waiting)
+        return rv
+
+    def _list_all(self) -> str:
         items: list[Any] = []
         cont: str | None = None
         first_rv = ""
@@ -93,7 +134,7 @@ class Watcher:
         from kubernetes.watch.watch import iter_resp_lines
         from urllib3.exceptions import HTTPError
 
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self._relist.is_set():
             try:
                 resp = self.access.open_watch(self.resource, rv, WATCH_SECONDS)
             except ApiCallError as e:
@@ -101,9 +142,12 @@ class Watcher:
                     return
                 raise
             self._resp = resp
+            ended = False  # the server ended the stream: the connection may carry the next request
             try:
+                if self._stop.is_set() or self._relist.is_set():  # asked for while the watch was opening
+                    return
                 for line in iter_resp_lines(resp):
-                    if self._stop.is_set():
+                    if self._stop.is_set() or self._relist.is_set():
                         return
                     if not line.strip():
                         continue
@@ -119,16 +163,46 @@ class Watcher:
                         out = self._transform(obj)
                         if out is not None:
                             self._post(self._on_event, kind, out)
+                ended = True
             except (OSError, ValueError, HTTPError) as e:
-                if self._stop.is_set():
+                if self._stop.is_set() or self._relist.is_set():
                     return
                 raise ApiCallError(0, f"watch stream broke: {e}") from None
             finally:
                 self._resp = None
+                if not ended:
+                    # Cut mid-stream: the server is still sending on this connection, so it must not go back
+                    # to the pool (the next list would read the watch's chunks as its answer).
+                    with contextlib.suppress(Exception):
+                        resp.close()
                 resp.release_conn()
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        if self._loop.is_closed():
+            self._stop.set()
+            return
         try:
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop is closed: we are shutting down
             self._stop.set()
+
+
+def cut_stream(resp: Any) -> None:
+    """Wake the thread blocked reading `resp` (a urllib3 HTTPResponse), from another thread: its socket is shut
+    down, so the read ends at once. urllib3 >= 2.3 has `shutdown()` for this; older ones (kubernetes >= 30 allows
+    them) have the socket on the response's connection."""
+    shutdown = getattr(resp, "shutdown", None)
+    if callable(shutdown):
+        shutdown()
+        return
+    conn = getattr(resp, "_connection", None) or getattr(resp, "connection", None)
+    sock = getattr(conn, "sock", None)
+    if sock is None:
+        raise RuntimeError("the watch stream's socket is not reachable; it ends at its timeout")
+    sock.shutdown(socket.SHUT_RDWR)
+
+
+def _complete(waiting: list[asyncio.Future[None]]) -> None:
+    for fut in waiting:
+        if not fut.done():
+            fut.set_result(None)

@@ -150,9 +150,14 @@ def priority_reply(names: list[str], scores: list[int]) -> bytes:
     """HostPriorityList, encoded: thousands of hosts are common, so names that need no JSON escaping (all
     valid node names) are written directly."""
     if _PLAIN.fullmatch("".join(names)):
-        items = [f'{{"Host":"{n}","Score":{int(s)}}}' for n, s in zip(names, scores, strict=True)]
+        ends = _SCORE_ENDS
+        items = [f'{{"Host":"{n}{ends[s]}' if type(s) is int and 0 <= s < len(ends)
+                 else f'{{"Host":"{n}","Score":{int(s)}}}' for n, s in zip(names, scores, strict=True)]
         return ("[" + ",".join(items) + "]").encode()
     return json.dumps([{"Host": n, "Score": s} for n, s in zip(names, scores, strict=True)]).encode()
+
+
+_SCORE_ENDS = [f'","Score":{s}}}' for s in range(11)]  # the end of a HostPriority item, per score 0..10
 
 
 def binding_reply(error: str = "") -> dict[str, str]:
@@ -165,6 +170,9 @@ def _names(names: Any) -> list[str]:
         raise BadRequest(f"NodeNames must be an array of node names, got {_kind(names)}")
     if len(names) > MAX_NODES:
         raise BadRequest(f"NodeNames has {len(names)} entries; at most {MAX_NODES} are accepted")
+    if not names or (set(map(type, names)) == {str} and min(map(len, names)) > 0
+                     and max(map(len, names)) <= MAX_NAME):
+        return names  # all good, found at C speed (thousands of names per call)
     for i, n in enumerate(names):
         if not isinstance(n, str) or not n or len(n) > MAX_NAME:
             raise BadRequest(f"NodeNames[{i}] must be a node name (a non-empty string), got {_kind(n)}")

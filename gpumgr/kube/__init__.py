@@ -1,1 +1,1 @@
-"""Kubernetes access for the node agent: a small async face over the `kubernetes` client, and a pod cache."""
+"""Kubernetes access for the node agent: a small asyncio REST client (no `kubernetes` import), and a pod cache."""

@@ -1,20 +1,24 @@
-"""The pods on this node, kept current by a list + watch in a background thread.
+"""The pods on this node, kept current by a list + watch in a task on the agent's event loop.
 
 Readers get the cached objects, which are never changed in place (a change replaces the whole entry); a
 listener is told whenever something changed, so the agent can react (free the cards of pods that are gone).
 `refresh()` does a live list, for when a pod must be seen now.
+
+The watch resumes from the last resourceVersion it saw (events or bookmarks) when the server ends it, and lists
+again only when that version has expired (410) or the watch failed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from gpumgr.kube.client import KubeClient
+from gpumgr.kube.rest import ApiError, status_error
 
 log = logging.getLogger("gpumgr.kube")
 
@@ -25,27 +29,36 @@ class PodCache:
     def __init__(self, kube: KubeClient, node: str):
         self.kube = kube
         self.node = node
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # readers may sit in other threads (metrics)
         self._pods: dict[str, dict[str, Any]] = {}
         self._tombstones: dict[str, int] = {}  # uid -> resourceVersion of its deletion
-        self._synced = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._synced = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[], None]] = []
+        self.lists = 0  # full lists done by the watch task (a resumed watch does none)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self, on_change: Callable[[], None] | None = None) -> None:
+        """Start listing and watching; call inside the running event loop."""
         if on_change:
             self._listeners.append(on_change)
-        self._thread = threading.Thread(target=self._run, name="pod-cache", daemon=True)
-        self._thread.start()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="pod-cache")
 
     def stop(self) -> None:
-        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     async def wait_synced(self, timeout: float) -> bool:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, self._synced.wait, timeout)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._synced.wait(), timeout)
+        return self._synced.is_set()
 
     @property
     def synced(self) -> bool:
@@ -77,7 +90,7 @@ class PodCache:
     async def refresh(self) -> None:
         """A live list now (the watch may lag behind a pod that was just bound here). Merged in, never replacing:
         an answer that took long may be older than what the watch has already delivered."""
-        pods, _ = await asyncio.get_running_loop().run_in_executor(None, self.kube.list_node_pods_sync, self.node)
+        pods, _ = await self.kube.list_node_pods(self.node)
         with self._lock:
             for p in pods:
                 self._put(p)
@@ -87,8 +100,7 @@ class PodCache:
         """UIDs of the pods on this node that still hold devices (not Succeeded/Failed), from a fresh list;
         None when the API cannot be asked (then nothing should be freed on the cache's word alone)."""
         try:
-            pods, _ = await asyncio.get_running_loop().run_in_executor(None, self.kube.list_node_pods_sync,
-                                                                       self.node)
+            pods, _ = await self.kube.list_node_pods(self.node)
         except Exception as e:  # noqa: BLE001
             log.warning("cannot list the pods on node %s (%s): freeing nothing this round", self.node, e)
             return None
@@ -98,31 +110,52 @@ class PodCache:
         return {str(p["metadata"]["uid"]) for p in pods
                 if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")}
 
-    # -- the watch thread -----------------------------------------------------------------------------------
-    def _run(self) -> None:
-        from kubernetes import watch
-
+    # -- the watch task -------------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         backoff = 0.2
-        while not self._stop.is_set():
+        rv = ""
+        while True:
             try:
-                pods, rv = self.kube.list_node_pods_sync(self.node)
-                self._replace(pods, rv)
-                self._synced.set()
-                backoff = 0.2
-                w = watch.Watch()
-                for ev in w.stream(self.kube.core.list_pod_for_all_namespaces,
-                                   field_selector=f"spec.nodeName={self.node}", resource_version=rv,
-                                   timeout_seconds=WATCH_TIMEOUT_S, _request_timeout=WATCH_TIMEOUT_S + 15):
-                    if self._stop.is_set():
-                        w.stop()
-                        break
-                    self._apply(str(ev.get("type")), self.kube.to_dict(ev["object"]))
+                if not rv:
+                    pods, rv = await self.kube.list_node_pods(self.node)
+                    self.lists += 1
+                    self._replace(pods, rv)
+                    self._synced.set()
+                began = loop.time()
+                rv = await self._watch(rv)
+                if loop.time() - began < 1.0:  # a server that ends every watch at once must not be hammered
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 10.0)
+                else:
+                    backoff = 0.2
+            except asyncio.CancelledError:
+                raise
             except Exception as e:  # noqa: BLE001 - the watch restarts on any failure
-                if self._stop.is_set():
-                    break
+                rv = ""
+                if isinstance(e, ApiError) and e.status == 410:  # refused at the start instead of as an event
+                    log.info("pod watch on node %s: resourceVersion expired; listing again", self.node)
+                    continue
                 log.warning("pod watch on node %s failed (%s); listing again in %.1fs", self.node, e, backoff)
-                time.sleep(backoff)
+                await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
+
+    async def _watch(self, rv: str) -> str:
+        """One watch from `rv`; the version to resume from, or "" when the cache must be listed again."""
+        async for ev in self.kube.watch_node_pods(self.node, rv, WATCH_TIMEOUT_S):
+            kind, obj = str(ev.get("type")), ev["object"]
+            if kind == "ERROR":
+                err = status_error(obj)
+                if err.status == 410:
+                    log.info("pod watch on node %s: resourceVersion %s expired; listing again", self.node, rv)
+                    return ""
+                raise err
+            seen = (obj.get("metadata") or {}).get("resourceVersion")
+            if kind != "BOOKMARK":
+                self._apply(kind, obj)
+            if seen:
+                rv = str(seen)
+        return rv
 
     def _replace(self, pods: list[dict[str, Any]], list_rv: str) -> None:
         """A full list from the watch thread: it replaces the cache, except for what is newer than the list."""
@@ -152,9 +185,11 @@ class PodCache:
 
     def _put(self, pod: dict[str, Any]) -> None:
         """Keep the newest version of a pod (by resourceVersion); never revive one the watch saw deleted."""
-        uid = (pod.get("metadata") or {}).get("uid")
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid")
         if not uid:
             return
+        meta.pop("managedFields", None)  # often half of a pod's bytes, never read here (the dict is ours, fresh)
         rv = _rv(pod)
         if self._tombstones.get(uid, -1) >= rv:
             return

@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumgr.agent.state import NodeState
 from gpumgr.allocator.ledger import Allocation, CardState
 from gpumgr.allocator.request import HUNDRED
 from gpumgr.cgroups import CgroupReader, qos_of
@@ -23,6 +22,7 @@ from gpumgr.choices import Cordon
 from gpumgr.devices.backend import Backend
 from gpumgr.devices.types import GPUStatus
 from gpumgr.metrics.shim_status import ShimStatusReader
+from gpumgr.node.state import NodeState
 
 log = logging.getLogger("gpumgr.metrics")
 
@@ -89,9 +89,8 @@ class UsageReader:
 
     def _holder(self, a: Allocation, cards: list[CardState], procs: Mapping[int, Mapping[int, ProcessFigures]],
                 pods: dict[str, Mapping[str, Any] | None]) -> HolderSnapshot:
-        m = a.meta
-        uid = m.get("pod_uid", "")
-        container = m.get("container", "")
+        uid = a.pod_uid
+        container = a.container
         pod = self._pod(uid, pods)
         container_id = _container_id(pod, container) if pod is not None else ""
         pids: tuple[int, ...] = ()
@@ -114,11 +113,10 @@ class UsageReader:
             mine = [f for pid, f in procs[i].items() if pid in wanted]
             use[i] = CardUse(memory_bytes=sum(f.memory_bytes for f in mine), sm_util=sum(f.sm_util for f in mine))
         request_mib = sum(cards[i].memory_mib for i in a.cards if 0 <= i < len(cards)) if whole else a.memory_mib
-        created = m.get("created", "")
         return HolderSnapshot(
-            key=a.key, pod=m.get("pod", a.key), namespace=m.get("namespace", ""), container=container,
+            key=a.key, pod=a.pod if a.holder is not None else a.key, namespace=a.namespace, container=container,
             pod_uid=uid, cards=a.cards, cores=a.cores, memory_mib=a.memory_mib, request_memory_mib=request_mib,
-            verified=m.get("verified", "") == "true", created=float(created) if _is_number(created) else None,
+            verified=a.verified, created=float(a.created) if a.created is not None else None,
             container_id=container_id, pids=pids, pids_error=pids_error, use=use,
             compute_modes=self.shim.modes(pids, container_id) if pids else {},
         )
@@ -142,14 +140,6 @@ def _container_id(pod: Mapping[str, Any], container: str) -> str:
             if isinstance(cs, Mapping) and cs.get("name") == container and cs.get("containerID"):
                 return str(cs["containerID"])
     return ""
-
-
-def _is_number(s: str) -> bool:
-    try:
-        float(s)
-    except ValueError:
-        return False
-    return True
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,8 @@ def review_pod(pod: Mapping[str, Any], operation: str, scheduler_name: str, max_
             return Verdict(denied=problem)
     try:
         pod_choices_of(pod)  # gpu-policy, gpu-uuid-select / -exclude: malformed is refused on every node
-    except ChoiceError as e:
+        podspec.model_filter(pod)  # gpu-model / gpu-model-exclude: too long a list is refused on every node
+    except (ChoiceError, ValueError) as e:
         return Verdict(denied=str(e))
     return _point_at(spec, scheduler_name)
 

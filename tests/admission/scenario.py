@@ -165,14 +165,14 @@ async def check_invariants(node: SimNode, running: list[Live]) -> list[str]:
         if a is None:
             continue
         uid, cname = binding.app_owner(listed, by_uid[listed[0][0]].pod)
-        if (a.meta.get("pod_uid"), a.meta.get("container")) != (uid, cname):
-            out.append(f"{key}: ledger says {a.meta.get('pod')}/{a.meta.get('container')}, kubelet {uid}/{cname}")
-        if a.meta.get("verified") != "true":
+        if (a.pod_uid, a.container) != (uid, cname):
+            out.append(f"{key}: ledger says {a.pod}/{a.container}, kubelet {uid}/{cname}")
+        if not a.verified:
             out.append(f"{key}: not verified after PreStart")
         ask = binding.find_container(by_uid[uid].pod, cname)
         if ask is not None and a.reserve and ask.cores < 100:
             mine = ask.memory_units * unit
-            riders = [r.memory_mib for r in ledger.values() if r.meta.get("rides_on") == key]
+            riders = [r.memory_mib for r in ledger.values() if r.rides_on == key]
             if a.memory_mib != max([mine, *riders]):
                 out.append(f"{key}: reserves {a.memory_mib} MiB, its container asks {mine} (riders {riders})")
     out += _card_totals(node, state.ledger)

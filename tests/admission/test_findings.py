@@ -81,10 +81,10 @@ async def test_a_later_larger_pod_admitted_first_is_not_stranded(order, records)
         assert limits_of(got_b).devices[0].memory_limit_bytes == 40 * UNIT << 20
         got_a = await node.admit(a, order)
         assert limits_of(got_a).devices[0].memory_limit_bytes == 8 * UNIT << 20
-        mine = {a.meta["pod"]: (a.cards, a.memory_mib, a.meta["verified"])
+        mine = {a.pod: (a.cards, a.memory_mib, a.verified)
                 for a in node.agent.state.ledger.allocations.values()}
-        assert mine["b-large"] == ((1,), 40 * UNIT, "true")
-        assert mine["a-small"][1:] == (8 * UNIT, "true")
+        assert mine["b-large"] == ((1,), 40 * UNIT, True)
+        assert mine["a-small"][1:] == (8 * UNIT, True)
         assert node.agent.service.unsafe_refusals == 0
 
 
@@ -131,12 +131,12 @@ async def test_an_orphan_of_a_crash_before_the_kubelet_heard_is_freed_when_the_k
         node.api.store.set_pod_phase("default", "p", "Failed")  # UnexpectedAdmissionError
         node.api.store.delete_pod("default", "p")
         await node.start_agent()
-        assert any(a.meta.get("pod") == "p" for a in node.agent.state.ledger.allocations.values())
+        assert any(a.pod == "p" for a in node.agent.state.ledger.allocations.values())
         q = node.create_pod("q", [("main", 30, 8)])
         await seen(node, q)
         got = await node.admit(q)  # the kubelet shows 40 cores free on card 0: admitted at once
         assert card_of(node, got) == 0
-        pods = sorted(a.meta["pod"] for a in node.agent.state.ledger.allocations.values())
+        pods = sorted(a.pod for a in node.agent.state.ledger.allocations.values())
         assert pods == ["filler", "q", "whole"]
 
 
@@ -269,6 +269,6 @@ async def test_a_repaired_guess_of_an_init_container_keeps_the_pods_single_reser
         assert limits_of(got).devices[0].memory_limit_bytes == 31 * UNIT << 20
         await node.admit(p0)
         assert node.agent.service.unsafe_refusals == 0
-        held = sum(a.memory_mib for a in node.agent.state.ledger.allocations.values() if a.meta["pod"] == "p1"
+        held = sum(a.memory_mib for a in node.agent.state.ledger.allocations.values() if a.pod == "p1"
                    and a.reserve)
         assert held == 31 * UNIT

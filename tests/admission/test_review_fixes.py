@@ -13,7 +13,7 @@ import pytest
 
 from gpumgr import binding
 from gpumgr.agent.truth import apply_truths
-from gpumgr.allocator import Allocation, Ledger
+from gpumgr.allocator import Allocation, ContainerHolder, Ledger
 from gpumgr.deviceplugin import ids as devids
 from gpumgr.kubelet_checkpoint import read_kubelet_checkpoint
 from gpumgr.pb import deviceplugin_pb2 as pb
@@ -72,9 +72,9 @@ async def test_failing_a_pod_at_prestart_keeps_its_running_containers_share_and_
             calls.append(args)
             raise RuntimeError("API outage")
 
-        from gpumgr.agent import service as service_mod
+        from gpumgr.agent import settle as settle_mod
 
-        monkeypatch.setattr(service_mod, "FAIL_RETRY_S", 0.0, raising=False)
+        monkeypatch.setattr(settle_mod, "FAIL_RETRY_S", 0.0)
         svc.annotator.fail_pod = outage
         async with _core_channel(node) as ch:
             for attempt in range(2):
@@ -87,7 +87,7 @@ async def test_failing_a_pod_at_prestart_keeps_its_running_containers_share_and_
         assert "was failed at PreStartContainer" in e.value.details()
         assert node.pod("big")["status"].get("phase") != "Failed"
         assert svc.prestart_failures == 1
-        assert len(calls) == service_mod.FAIL_ATTEMPTS  # retried, for one decision: the refused retry adds none
+        assert len(calls) == settle_mod.FAIL_ATTEMPTS  # retried, for one decision: the refused retry adds none
 
 
 async def test_settle_never_brings_back_an_allocation_released_while_it_waited():
@@ -101,7 +101,7 @@ async def test_settle_never_brings_back_an_allocation_released_while_it_waited()
         ids = sorted(devids.core_ids(node.inventory.gpus[0]))[:30]
         key = allocation_key(ids)
         guess = _guess(svc, small, "main", 0, ids)
-        guess = dataclasses.replace(guess, memory_mib=12 * 256, meta={**guess.meta, "guess_of": "2"})
+        guess = dataclasses.replace(guess, memory_mib=12 * 256, guess_of=2)
         await st.commit(lambda ledger: ledger.assign(guess))
         kc = read_kubelet_checkpoint(_checkpoint(node, [(big, "main", ids)]))
         await st.lock.acquire()
@@ -121,13 +121,13 @@ def test_truths_that_cannot_all_be_placed_leave_every_held_allocation_as_it_was(
     """Two guesses on one 8 GiB card; the owners the kubelet names need more than the card has. Neither held
     allocation is dropped; both are reported, by key."""
     ledger = Ledger([8192])
-    a = Allocation("a", (0,), 30, 2048, {"verified": "false"})
-    b = Allocation("b", (0,), 30, 3072, {"verified": "false"})
+    a = Allocation("a", (0,), 30, 2048)
+    b = Allocation("b", (0,), 30, 3072)
     ledger.assign(a)
     ledger.assign(b)
     before = ledger.to_json()
-    grown_a = dataclasses.replace(a, memory_mib=6144, meta={"verified": "false", "pod": "x"})
-    grown_b = dataclasses.replace(b, memory_mib=4096, meta={"verified": "false", "pod": "y"})
+    grown_a = dataclasses.replace(a, memory_mib=6144, holder=ContainerHolder("ux", "default", "x", "main"))
+    grown_b = dataclasses.replace(b, memory_mib=4096, holder=ContainerHolder("uy", "default", "y", "main"))
     conflicts = apply_truths(ledger, [grown_a, grown_b], recorded={"a", "b"})
     assert ledger.to_json() == before
     assert sorted(k for k, _ in conflicts) == ["a", "b"]
@@ -180,7 +180,7 @@ async def test_a_repeated_allocate_does_not_repeat_an_unconfirmed_memory_annotat
         await seen(node, small)
         ids = sorted(devids.core_ids(node.inventory.gpus[0]))[:30]
         guess = _guess(svc, small, "main", 0, ids)
-        guess = dataclasses.replace(guess, meta={**guess.meta, "answered_memory_mib": str(8 * 256)})
+        guess = dataclasses.replace(guess, answered_memory_mib=8 * 256)
         await st.commit(lambda ledger: ledger.assign(guess))
         async with _core_channel(node) as ch:
             got = await _stub(ch).Allocate(pb.AllocateRequest(container_requests=[
@@ -272,7 +272,8 @@ async def test_an_init_containers_partly_reused_devices_still_free_the_dead_hold
         await seen(node, pod)
         card = sorted(devids.core_ids(node.inventory.gpus[0]))
         init = _guess(svc, pod, "setup", 0, card[:30])
-        dead = Allocation(allocation_key(card[60:90]), (0,), 30, 256, {"pod_uid": "gone", "verified": "true"})
+        dead = Allocation(allocation_key(card[60:90]), (0,), 30, 256,
+                           ContainerHolder("gone", "default", "gone", "main"), verified=True)
         await st.commit(lambda ledger: (ledger.assign(init), ledger.assign(dead)))
         app_ids = card[15:45]
         app = _guess(svc, pod, "main", 0, app_ids)
@@ -284,16 +285,16 @@ def test_making_room_for_the_kubelets_word_never_evicts_an_allocation_made_after
     """Unrecorded guesses on the card may be evicted for a truth, but only those the ledger had when the kubelet's
     checkpoint was read: a fresh one, answered since, stays (the kubelet could not have recorded it yet)."""
     ledger = Ledger([8192])
-    guess = Allocation("g", (0,), 30, 2048, {"verified": "false"})
+    guess = Allocation("g", (0,), 30, 2048)
     ledger.assign(guess)
     seen = dict(ledger.allocations)
-    fresh = Allocation("fresh", (0,), 30, 4096, {"verified": "false"})
+    fresh = Allocation("fresh", (0,), 30, 4096)
     ledger.assign(fresh)
     truth = dataclasses.replace(guess, memory_mib=6144)
     conflicts = apply_truths(ledger, [truth], recorded={"g"}, seen=seen)
     assert [k for k, _ in conflicts] == ["g"]
     assert ledger.held_by("fresh") == fresh and ledger.held_by("g") == guess
-    old = Allocation("old", (0,), 30, 4096, {"verified": "false"})
+    old = Allocation("old", (0,), 30, 4096)
     ledger.release("fresh")
     ledger.assign(old)
     assert apply_truths(ledger, [truth], recorded={"g"}, seen={**seen, "old": old}) == []
@@ -312,7 +313,7 @@ async def test_reconcile_never_frees_an_allocation_replaced_after_it_decided():
         ids = sorted(devids.core_ids(node.inventory.gpus[0]))[:30]
         key = allocation_key(ids)
         old = _guess(svc, small, "main", 0, ids)
-        await st.commit(lambda ledger: ledger.assign(dataclasses.replace(old, meta={**old.meta, "created": "1"})))
+        await st.commit(lambda ledger: ledger.assign(dataclasses.replace(old, created=1)))
         _checkpoint(node, [])
         fresh = _guess(svc, small, "main", 0, ids)
         commit = st.commit

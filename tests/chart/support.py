@@ -47,6 +47,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     "cdi": {"agent": {"cdi": True}},
     "spread": {"extender": {"policy": "spread"}},
+    "extender-ha": {"extender": {"replicas": 3}},
+    "extender-single": {"extender": {"replicas": 1}},
     "operator-extras": {
         "image": {"tag": "0.2.0-rc1", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "regcred"}],

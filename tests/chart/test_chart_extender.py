@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .support import PREFIX, VARIANTS, container, flags, positional, render, selects
+from .support import NAMESPACE, PREFIX, VARIANTS, container, flags, positional, render, selects
 
 EXTENDER = f"{PREFIX}-extender"
 
@@ -13,7 +13,7 @@ def test_default_extender() -> None:
     rendered = render()
     deployment = rendered.get("Deployment", EXTENDER)
     c = container(deployment, "extender")
-    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["replicas"] == 2
     assert c["command"] == ["gpumgr"]
     assert positional(c["args"]) == ["extender"]
     assert flags(c["args"]) == {
@@ -27,6 +27,9 @@ def test_default_extender() -> None:
         "tls-cert-file": "/etc/gpumgr-extender/tls/tls.crt",
         "tls-key-file": "/etc/gpumgr-extender/tls/tls.key",
         "client-ca-file": "/etc/gpumgr-extender/tls/ca.crt",
+        "leader-elect": None,
+        "leader-elect-lease-name": EXTENDER,
+        "leader-elect-namespace": NAMESPACE,
     }
 
 
@@ -37,7 +40,7 @@ def test_extender_only_mode_binds_pods_of_the_default_scheduler() -> None:
 
 def test_spread_policy_and_replicas() -> None:
     deployment = render(VARIANTS["spread"]).get("Deployment", EXTENDER)
-    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["replicas"] == 2
     assert flags(container(deployment, "extender")["args"])["policy"] == "spread"
 
 
@@ -68,7 +71,10 @@ def service_reaches_extender(values: dict[str, Any]) -> tuple[dict[str, Any], di
     rendered = render(values)
     service = rendered.get("Service", EXTENDER)
     deployment = rendered.get("Deployment", EXTENDER)
-    assert selects(service["spec"]["selector"], deployment["spec"]["template"]["metadata"]["labels"])
+    # the elected leader's pod: it adds this label to itself (gpumgr.extender.leaderlabel)
+    leader_labels = {**deployment["spec"]["template"]["metadata"]["labels"], "gpumgr.io/extender-leader": "true"}
+    assert selects(service["spec"]["selector"], leader_labels)
+    assert not selects(service["spec"]["selector"], deployment["spec"]["template"]["metadata"]["labels"])
     other_pods = [o for o in rendered.objects if o["kind"] in {"DaemonSet", "Deployment"} and o is not deployment]
     for other in other_pods:
         assert not selects(service["spec"]["selector"], other["spec"]["template"]["metadata"]["labels"])

@@ -117,7 +117,7 @@ def test_scheduler_may_only_hold_its_own_lease() -> None:
 def test_extender_only_mode_grants_nothing_to_a_scheduler() -> None:
     rendered = render(VARIANTS["extender-only"])
     assert not bound_subjects(rendered, "ClusterRoleBinding", "ClusterRole", "system:kube-scheduler")
-    assert rendered.all("Role") == []
+    assert [r["metadata"]["name"] for r in rendered.all("Role")] == [f"{PREFIX}-extender-leader-election"]
     assert len(rendered.all("ServiceAccount")) == 2
 
 

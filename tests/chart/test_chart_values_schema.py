@@ -35,7 +35,7 @@ BAD_VALUES: list[tuple[dict[str, Any], str, str]] = [
     ({"extender": {"policy": "random"}}, "/extender/policy", "binpack"),
     ({"extender": {"replicas": "3"}}, "/extender/replicas", "integer"),
     ({"extender": {"replicas": 0}}, "/extender/replicas", "minimum"),
-    ({"extender": {"replicas": 2}}, "/extender/replicas", "maximum"),
+    ({"extender": {"replicas": 11}}, "/extender/replicas", "maximum"),
     ({"scheduler": {"mode": "second-scheduler"}}, "/scheduler/mode", "extender-only"),
     ({"scheduler": {"weight": 1.5}}, "/scheduler/weight", "integer"),
     ({"scheduler": {"httpTimeout": "30 seconds"}}, "/scheduler/httpTimeout", "does not match"),

@@ -13,12 +13,12 @@ from typing import Any
 
 from kubernetes import config
 
-from gpumgr.agent.state import NodeState
 from gpumgr.checkpoint import CheckpointStore
 from gpumgr.devices.types import GPU, Inventory
 from gpumgr.dra.config import DRIVER_NAME, DraConfig
 from gpumgr.dra.frontend import DraFrontEnd
 from gpumgr.dra.kubeaccess import DraKube
+from gpumgr.node.state import NodeState
 from gpumgr.sim.dra_scheduler import DraScheduler
 from gpumgr.sim.kubeapi import KubeApiServer
 from gpumgr.sim.kubelet.dra_kubelet import DraKubelet, RunningDraPod

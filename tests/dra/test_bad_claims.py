@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from gpumgr.allocator.ledger import Allocation
+from gpumgr.allocator.ledger import Allocation, ContainerHolder
 from tests.dra.harness import NODE, NS, DraNode, share_request
 
 DRIVER = "vgpu.gpumgr.io"
@@ -89,8 +89,9 @@ async def test_an_over_committed_claim_is_refused_by_the_node_and_nothing_is_hal
     # while the slice update is on its way); the scheduler places a 30-core claim there anyway
     assert node.state is not None and node.fe is not None
     await node.fe.publisher.stop()
-    await node.state.commit(lambda led: led.assign(Allocation(key="a0123", cards=(0,), cores=80, memory_mib=1024,
-                                                             meta={"pod": "dp-pod", "verified": "true"})))
+    dp = Allocation(key="a0123", cards=(0,), cores=80, memory_mib=1024,
+                    holder=ContainerHolder("dp-uid", "default", "dp-pod", "main"), verified=True)
+    await node.state.commit(lambda led: led.assign(dp))
     claim = allocate(node, "too-much", cores=30)
     assert claim["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
     before = snapshot(node)

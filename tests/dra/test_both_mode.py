@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gpumgr.allocator.ledger import Allocation
+from gpumgr.allocator.ledger import Allocation, ContainerHolder
 from tests.dra.harness import CARD_MIB, NS, DraNode, share_request
 
 
@@ -32,7 +32,7 @@ async def test_device_plugin_pod_and_dra_claim_on_one_card(node: DraNode):
     await until(lambda: len(node.api.store.list_resource("resourceslices")) == 1)
     # a gpu-manager pod (device-plugin front end) holds 60 cores and 8 GiB of gpu-0
     dp = Allocation(key="a00000000000000000000dp01", cards=(0,), cores=60, memory_mib=8192,
-                    meta={"namespace": NS, "pod": "dp-pod", "container": "main", "verified": "true"})
+                    holder=ContainerHolder("dp-uid", NS, "dp-pod", "main"), verified=True)
     await node.state.commit(lambda led: led.assign(dp))
     await until(lambda: gpu0(node)["cores"]["value"] == "40")
     # a range the API server accepts: max is what is left, never above the value
@@ -62,7 +62,7 @@ async def test_device_plugin_pod_and_dra_claim_on_one_card(node: DraNode):
 async def test_a_card_held_whole_by_device_plugin_pods_leaves_the_slice_and_comes_back(node: DraNode):
     assert node.state is not None
     dp = Allocation(key="a00000000000000000000dp02", cards=(0,), cores=100, memory_mib=CARD_MIB,
-                    meta={"namespace": NS, "pod": "dp-pod", "container": "main", "verified": "true"})
+                    holder=ContainerHolder("dp-uid", NS, "dp-pod", "main"), verified=True)
     await node.state.commit(lambda led: led.assign(dp))
     await until(lambda: [d["name"] for d in devices(node)] == ["gpu-1", "gpu-2", "gpu-3"])
     await node.state.commit(lambda led: led.release(dp.key))
@@ -70,7 +70,7 @@ async def test_a_card_held_whole_by_device_plugin_pods_leaves_the_slice_and_come
 
 
 async def test_claim_vdevice_keys_name_the_directories_of_held_claims(node: DraNode):
-    from gpumgr.dra.preparer import claim_vdevice_keys
+    from gpumgr.node.claims import claim_vdevice_keys
 
     node.create_claim("c", [share_request(memory="1Gi", cores=10)])
     running = await node.run_pod("p", {"gpu": {"resourceClaimName": "c"}})

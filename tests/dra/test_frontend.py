@@ -17,8 +17,8 @@ async def test_start_dra_from_an_agent_object(node: DraNode):
                       extra={"mode": "dra", "cdi_dir": str(root / "cdi"),
                              "dra_plugin_dir": str(root / "plugins" / DRIVER_NAME),
                              "plugins_registry_dir": str(root / "registry")})
-    from gpumgr.agent.state import NodeState
     from gpumgr.checkpoint import CheckpointStore
+    from gpumgr.node.state import NodeState
     from gpumgr.vdevice.server import VDeviceManager
 
     state = NodeState(NODE, node.inventory, CheckpointStore(root / "ckpt"))

@@ -56,7 +56,7 @@ async def test_fractional_claims_fill_one_card_and_the_next_is_refused_by_the_sc
     assert [d["path"] for d in edits.device_nodes] == ["/dev/nvidiactl", f"/dev/nvidia{resp.devices[0].index}"]
 
     # deleting a pod frees its share: the scheduler can place the waiting one, on the freed card
-    card = next(a.cards[0] for a in node.dra_allocations().values() if a.meta["pod"] == "p0")
+    card = next(a.cards[0] for a in node.dra_allocations().values() if a.pod == "p0")
     assert await node.delete_pod("p0") == {}
     assert len(node.dra_allocations()) == 11
     assert not (node.cfg.cdi_dir / f"gpumgr.io-vgpu_{ran[0].claims['gpu'][1]}.json").exists()
@@ -100,7 +100,7 @@ async def test_two_nvlink_matched_cards(node: DraNode):
     node.create_claim("first", [whole_request()])
     await node.run_pod("a", {"gpu": {"resourceClaimName": "first"}})
     running = await node.run_pod("b", {"gpu": {"resourceClaimName": "pair"}})
-    cards = sorted(a.cards[0] for a in node.dra_allocations().values() if a.meta["claim"] == "default/pair")
+    cards = sorted(a.cards[0] for a in node.dra_allocations().values() if a.claim and a.claim.name == "pair")
     assert cards == [2, 3]
     env = running.containers["main"].env
     assert env["NVIDIA_VISIBLE_DEVICES"].split(",") == [node.inventory.gpus[i].uuid for i in cards]

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 
 from gpumgr.dra.claims import ClaimError
-from gpumgr.dra.preparer import vdevice_key
+from gpumgr.node.claims import vdevice_key
 from gpumgr.pb import vdevice_pb2 as vpb
 from gpumgr.pb import vdevice_pb2_grpc as vpb_grpc
 from tests.dra.harness import NODE, NS, DraNode, share_request

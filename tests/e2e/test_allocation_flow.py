@@ -101,9 +101,9 @@ async def test_two_identical_pending_pods_never_swap_limits(caplog, kubelet_form
         assert l1.devices[0].memory_limit_bytes == 8 * 256 << 20 and l1.core_ceiling == 80 and not l1.hard_limit
         assert l2.devices[0].memory_limit_bytes == 12 * 256 << 20 and l2.hard_limit
         ledger = node.agent.state.ledger
-        by_pod = {a.meta["pod"]: a for a in ledger.allocations.values()}
+        by_pod = {a.pod: a for a in ledger.allocations.values()}
         assert by_pod["twin-1"].memory_mib == 8 * 256 and by_pod["twin-2"].memory_mib == 12 * 256
-        assert all(a.meta["verified"] == "true" for a in ledger.allocations.values())
+        assert all(a.verified for a in ledger.allocations.values())
         assert "repaired before any limit was written" in caplog.text  # the wrong guess really happened
 
 
@@ -129,6 +129,22 @@ async def test_deleted_pods_free_their_cards_and_vdevice_directories():
             await asyncio.sleep(0.05)
         assert not node.agent.state.ledger.allocations
         assert not vdir.exists()
+
+
+async def test_a_pod_the_watch_saw_deleted_is_freed_without_listing_every_pod():
+    """The watch's DELETED is final (a UID never comes back): reconcile frees on it, with no live list of the
+    node's pods (which costs the agent a list of every pod after each deletion)."""
+    async with sim_node("gtx1080ti") as node:
+        for i in range(3):
+            await node.run_pod(f"p{i}", [("main", 30, 4)])
+        node.api.store.reset_request_counts()
+        await node.delete_pod("p1")
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 5
+        while any(a.pod == "p1" for a in node.agent.state.ledger.allocations.values()) and loop.time() < end:
+            await asyncio.sleep(0.05)
+        assert sorted(a.pod for a in node.agent.state.ledger.allocations.values()) == ["p0", "p2"]
+        assert "list" not in node.api.store.request_counts("pods")
 
 
 async def test_a_pod_that_does_not_fit_is_refused_and_changes_nothing():

@@ -18,7 +18,7 @@ async def test_cordoned_card_takes_no_new_pod_and_shows_on_metric():
         await node.agent.refresh_cordon()
         new = await node.run_pod("new", [("main", 30, 4)])  # binpack would share `old`'s card
         assert env_of(new, "main")["NVIDIA_VISIBLE_DEVICES"] == (g1.uuid if on == g0.uuid else g0.uuid)
-        held = {a.meta.get("pod") for a in node.agent.state.ledger.allocations.values()}
+        held = {a.pod for a in node.agent.state.ledger.allocations.values()}
         assert {"old", "new"} <= held  # the pod on the cordoned card keeps running
         async with aiohttp.ClientSession() as s, s.get(node.agent.http.url + "/metric") as r:
             text = await r.text()

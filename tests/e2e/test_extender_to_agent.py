@@ -36,7 +36,7 @@ async def test_extender_bind_then_kubelet_allocate_gives_the_same_cards():
                     recorded = sorted(int(m) for m in ann[f"tencent.com/predicate-gpu-idx-{i}"].split(","))
                     assert minors == recorded, (name, cname, minors, recorded)
             ledger = node.agent.state.ledger
-            assert all(a.meta["verified"] == "true" for a in ledger.allocations.values())
+            assert all(a.verified for a in ledger.allocations.values())
             assert len(ledger.allocations) == 6
         finally:
             await ext.stop()

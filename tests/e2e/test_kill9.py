@@ -74,7 +74,7 @@ async def test_kill9_mid_burst_then_restart_loses_and_doubles_nothing():
         got = {k: a.cards for k, a in ledger.allocations.items()}
         assert got == want, f"leaked {set(got) - set(want)}, lost {set(want) - set(got)}"
         for a in ledger.allocations.values():
-            assert a.meta["verified"] == "true" and a.cores == 4 and a.memory_mib == 256
+            assert a.verified and a.cores == 4 and a.memory_mib == 256
         for c in ledger.cards:
             held = [a for a in ledger.allocations.values() if c.index in a.cards]
             assert sum(a.cores for a in held) == 100 - c.free_cores <= 100

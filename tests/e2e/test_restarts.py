@@ -13,7 +13,7 @@ CORE = podspec.RESOURCE_CORE
 
 
 def holdings(node) -> dict[str, tuple[tuple[int, ...], int, int]]:
-    return {a.meta["pod"]: (a.cards, a.cores, a.memory_mib) for a in node.agent.state.ledger.allocations.values()}
+    return {a.pod: (a.cards, a.cores, a.memory_mib) for a in node.agent.state.ledger.allocations.values()}
 
 
 async def test_kubelet_restart_re_registers_and_keeps_every_allocation():
@@ -64,7 +64,7 @@ async def test_corrupted_checkpoint_on_start_is_rebuilt_from_the_kubelet_and_liv
         store.prev.write_bytes(b"\x00garbage")
         await node.start_agent()
         assert holdings(node) == {k: v for k, v in before.items()}
-        assert all(a.meta["verified"] == "true" for a in node.agent.state.ledger.allocations.values())
+        assert all(a.verified for a in node.agent.state.ledger.allocations.values())
         # and the rebuilt ledger was written back as a good checkpoint
         doc = json.loads(store.path.read_text())
         assert len(doc["ledger"]["allocations"]) == 3
@@ -106,6 +106,6 @@ async def test_static_pods_known_to_the_kubelet_by_their_mirror_uid():
         await node.kubelet.admit_pod(static_uid, [ContainerRequest("main", {CORE: 30, "tencent.com/vcuda-memory": 4})])
         node.api.store.set_pod_phase("default", "etcd-ish-gpu", "Running")
         (a,) = node.agent.state.ledger.allocations.values()
-        assert a.meta["verified"] == "true" and a.meta["pod_uid"] == pod["metadata"]["uid"]
+        assert a.verified and a.pod_uid == pod["metadata"]["uid"]
         report = await reconcile(node.agent.service, True, 60, "periodic")
         assert report.restored == 0 and report.freed_gone == 0 and len(node.agent.state.ledger.allocations) == 1

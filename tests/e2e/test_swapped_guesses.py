@@ -55,6 +55,6 @@ async def test_swapped_guesses_on_a_full_card_are_repaired_in_any_order(order, b
             async with grpc.aio.insecure_channel(f"unix://{node.config.device_plugin_dir / 'vcore.sock'}") as ch:
                 await pb_grpc.DevicePluginStub(ch).PreStartContainer(
                     pb.PreStartContainerRequest(devices_ids=ids["q"]), timeout=10)
-        got = {a.meta["pod"]: (a.key, a.memory_mib) for a in st.ledger.allocations.values()}
+        got = {a.pod: (a.key, a.memory_mib) for a in st.ledger.allocations.values()}
         assert got == {"other": (keys["o"], 40 * 256), "p": (keys["p"], 4 * 256), "q": (keys["q"], 20 * 256)}
         assert st.ledger.cards[0].free_memory_mib == 0 and st.ledger.cards[0].free_cores == 30

@@ -10,6 +10,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gpumgr.extender.kubeaccess import api_client
+from gpumgr.extender.leader import ElectionSettings, Elector
+from gpumgr.extender.podcalls import PodCalls
 from gpumgr.extender.server import ExtenderServer
 from gpumgr.sim.kubeapi import KubeApiServer
 
@@ -68,3 +71,29 @@ async def start_extender(api: KubeApiServer, tmp_path: Path) -> AsyncIterator[Ca
     for ext in started:
         await ext.http.close()
         await ext.server.stop()
+
+
+# -- leader election, step by step (tests/extender/test_ha_election.py, test_ha_fences.py) --------------------
+ELECTION_NS = "gpu-system"
+
+
+@pytest.fixture
+async def calls(api: KubeApiServer, tmp_path: Path) -> AsyncIterator[PodCalls]:
+    """The extender's own API calls (Lease and pod calls) against the API test server."""
+    client = api_client(str(api.write_kubeconfig(tmp_path / "calls-kubeconfig")))
+    pc = PodCalls(client.configuration)
+    yield pc
+    await pc.close()
+    client.close()
+
+
+@pytest.fixture
+def make(calls: PodCalls) -> Callable[..., Elector]:
+    """make(identity, clock, lease_api=None, on_elected=None): an Elector with the chart's timings (15/10/2)."""
+    def make(identity: str, clock: Callable[[], float], lease_api: Any = None,
+             on_elected: Callable[[], Awaitable[None]] | None = None) -> Elector:
+        settings = ElectionSettings(identity=identity, namespace=ELECTION_NS, lease_duration=15, renew_deadline=10,
+                                    retry_period=2)
+        return Elector(settings, lease_api or calls, clock=clock, on_elected=on_elected)
+
+    return make

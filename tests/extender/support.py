@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import socket
+import subprocess
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +107,65 @@ async def eventually(check: Any, timeout: float = 5.0, interval: float = 0.02) -
         if value or loop.time() >= deadline:
             return value
         await asyncio.sleep(interval)
+
+
+# -- several `gpumgr extender` processes with leader election (tests/extender/test_ha.py, the HA bench) ----------
+LEASE_NS = "gpu-system"
+LEASE_NAME = "gpumgr-extender"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Replica:
+    name: str  # its POD_NAME: the Lease holder identity is "<name>_<random>"
+    proc: subprocess.Popen[bytes]
+    port: int
+    probe_port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def probe_url(self) -> str:
+        return f"http://127.0.0.1:{self.probe_port}"
+
+    def holds(self, holder: str) -> bool:
+        return holder.startswith(self.name + "_")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=20)
+
+
+def replica_pod(name: str) -> dict[str, Any]:
+    """The Pod object of a replica (what the downward API names): the leader labels it."""
+    return pod(name, [(0, 0)], namespace=LEASE_NS)
+
+
+def start_replica(name: str, kubeconfig: Path, logs: Path, *, duration: str = "3", renew: str = "2",
+                  retry: str = "0.3", extra: Sequence[str] = ()) -> Replica:
+    port, probe = free_port(), free_port()
+    log = logs / f"{name}.log"
+    argv = [sys.executable, "-m", "gpumgr.cli", "extender", "--listen", f"127.0.0.1:{port}",
+            "--probe-listen", f"127.0.0.1:{probe}", "--kubeconfig", str(kubeconfig),
+            "--insecure-serve-without-auth", "--leader-elect", "--leader-elect-namespace", LEASE_NS,
+            "--leader-elect-lease-duration", duration, "--leader-elect-renew-deadline", renew,
+            "--leader-elect-retry-period", retry, *extra]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "POD_NAME": name, "POD_NAMESPACE": LEASE_NS})
+    return Replica(name, proc, port, probe, log)
+
+
+def lease_holder(store: Any) -> str:
+    """The Lease's holderIdentity in the test API server's store ("" when none)."""
+    lease = store.get_object("leases", LEASE_NAME, LEASE_NS)
+    return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")

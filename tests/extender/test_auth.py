@@ -143,9 +143,15 @@ async def test_the_insecure_flag_serves_plain_http_and_warns(api: KubeApiServer,
             line = await loop.run_in_executor(None, proc.stderr.readline)
             assert line, "".join(lines)
             lines.append(line)
-        warning = await loop.run_in_executor(None, proc.stderr.readline)
-        assert "WARNING" in warning and "WITHOUT client authentication" in warning, warning
-        assert "http://127.0.0.1:" in lines[-1]
+        listening = lines[-1]
+        after: list[str] = []  # the watch thread may log a line ("listed 0 pods") before the warning
+        while len(after) < 8 and not any("WITHOUT client authentication" in line for line in after):
+            line = await loop.run_in_executor(None, proc.stderr.readline)
+            assert line, "".join(lines + after)
+            after.append(line)
+        warning = next(line for line in after if "WITHOUT client authentication" in line)
+        assert "WARNING" in warning, warning
+        assert "http://127.0.0.1:" in listening
     finally:
         proc.terminate()
         proc.wait(timeout=20)

@@ -49,7 +49,7 @@ def test_the_quick_verdict_is_the_verdict_of_placing(ledger: Ledger, ask: tuple[
     allowed, never = static_check(MODELS, [16384] * 8, UNIT, a)
     if never is not None:
         return
-    quick = quick_check(ledger, allowed, UNIT, a)
+    quick = quick_check(ledger.cards, allowed, UNIT, a)
     full = place(TOPO, ledger, allowed, UNIT, a)
     assert quick is not None
     assert (quick.ok, quick.unresolvable, quick.reason) == (full.ok, full.unresolvable, full.reason)

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpumgr.agent.state import NodeState
 from gpumgr.checkpoint import CheckpointStore
 from gpumgr.devices.simulated import SimulatedBackend
 from gpumgr.devices.types import GPU, GPUStatus, HealthEvent, Inventory
 from gpumgr.health import HealthConfig, HealthMonitor
+from gpumgr.node.state import NodeState
 
 CARDS = 4
 

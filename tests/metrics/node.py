@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpumgr.agent.state import NodeState
-from gpumgr.allocator.ledger import Allocation
+from gpumgr.allocator.ledger import Allocation, ContainerHolder
 from gpumgr.cgroups import CgroupReader
 from gpumgr.checkpoint import CheckpointStore
 from gpumgr.devices.simulated import SimulatedBackend
 from gpumgr.devices.types import GPU, GPUStatus, Inventory
 from gpumgr.metrics import AgentMetrics, UsageReader
+from gpumgr.node.state import NodeState
 from tests.metrics import cgroup_trees as ct
 
 MIB = 1 << 20
@@ -72,9 +72,9 @@ class SimNode:
                 {"name": container, "containerID": f"{ct.SCHEME[self.runtime]}://{cid}"})
             ct.add_container(self.base, self.driver, self.runtime, qos, uid, cid, pids)
         key = f"{uid}/{container}"
-        meta = {"pod_uid": uid, "namespace": namespace, "pod": pod, "container": container,
-                "container_index": "0", "verified": "true" if verified else "false", "created": str(created)}
-        await self.state.commit(lambda led: led.assign(Allocation(key, cards, cores, memory_mib, meta)))
+        holder = ContainerHolder(pod_uid=uid, namespace=namespace, pod=pod, container=container)
+        alloc = Allocation(key, cards, cores, memory_mib, holder, verified=verified, created=created)
+        await self.state.commit(lambda led: led.assign(alloc))
         return key
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gpumgr.agent.state import NodeState
 from gpumgr.checkpoint import CheckpointStore
 from gpumgr.health import HealthConfig, HealthMonitor
+from gpumgr.node.state import NodeState
 from tests.fakes.nvml_fixtures import MakeBackend
 from tests.fakes.nvml_node import FakeNvmlNode
 from tests.health.support import until

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpumgr.sim.kubeapi.objects import RESOURCE_GROUP, resource_kinds
+from gpumgr.sim.kubeapi.objects import GROUPS, resource_kinds
 
 _VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 
@@ -21,17 +21,16 @@ def api_versions(server_address: str) -> dict[str, Any]:
 
 
 def api_groups() -> dict[str, Any]:
-    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [resource_group()]}
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [api_group(name) for name in GROUPS]}
 
 
-def resource_group() -> dict[str, Any]:
-    gv = {"groupVersion": f"{RESOURCE_GROUP}/v1", "version": "v1"}
-    return {"kind": "APIGroup", "apiVersion": "v1", "name": RESOURCE_GROUP, "versions": [gv],
-            "preferredVersion": gv}
+def api_group(name: str) -> dict[str, Any]:
+    gv = {"groupVersion": f"{name}/v1", "version": "v1"}
+    return {"kind": "APIGroup", "apiVersion": "v1", "name": name, "versions": [gv], "preferredVersion": gv}
 
 
-def group_resources() -> dict[str, Any]:
-    return _resource_list(RESOURCE_GROUP)
+def group_resources(name: str) -> dict[str, Any]:
+    return _resource_list(name)
 
 
 def core_resources() -> dict[str, Any]:

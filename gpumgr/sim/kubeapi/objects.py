@@ -9,7 +9,9 @@ Rules follow the real API server where our clients could notice the difference:
 - labels and annotations must be string maps (400 otherwise), names must be DNS subdomains (422);
 - `resource.k8s.io/v1` objects (ResourceSlice, ResourceClaim, ResourceClaimTemplate, DeviceClass) carry
   `metadata.generation`, bumped when the spec changes; a ResourceClaim's spec is immutable and its `status`
-  (allocation, reservedFor, devices) is written through the status subresource only.
+  (allocation, reservedFor, devices) is written through the status subresource only;
+- `coordination.k8s.io/v1` Leases (namespaced, no status) check the types of their spec fields; like every
+  object, a replace or patch carrying a stale `metadata.resourceVersion` is refused with 409 Conflict.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ FieldGetter = Callable[[dict[str, Any]], str]
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_MICRO_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$")
 _POD_MUTABLE_SPEC = frozenset({"activeDeadlineSeconds", "tolerations", "schedulingGates",
                                "terminationGracePeriodSeconds"})
 
@@ -64,10 +67,16 @@ def resource_kinds() -> Mapping[str, ResourceKind]:
     classes = ResourceKind(
         plural="deviceclasses", kind="DeviceClass", namespaced=False, has_status=False,
         returns_deleted_object=True, group=RESOURCE_GROUP, fields=_getters("metadata.name"))
-    return types.MappingProxyType({k.plural: k for k in (pods, nodes, events, slices, claims, templates, classes)})
+    leases = ResourceKind(
+        plural="leases", kind="Lease", namespaced=True, has_status=False, returns_deleted_object=False,
+        group=COORDINATION_GROUP, fields=_getters("metadata.name", "metadata.namespace"))
+    return types.MappingProxyType({k.plural: k for k in (pods, nodes, events, slices, claims, templates, classes,
+                                                         leases)})
 
 
 RESOURCE_GROUP = "resource.k8s.io"
+COORDINATION_GROUP = "coordination.k8s.io"
+GROUPS = (RESOURCE_GROUP, COORDINATION_GROUP)  # the API groups served besides the core group, as /apis lists them
 MAX_SLICE_DEVICES = 128
 
 
@@ -164,6 +173,39 @@ def validate(kind: ResourceKind, obj: dict[str, Any]) -> None:
         raise invalid(kind.plural, name, "involvedObject: Required value")
     if kind.group == RESOURCE_GROUP:
         _validate_resource(kind, name, obj)
+    if kind.plural == "leases":
+        _validate_lease(name, obj)
+
+
+_LEASE_INTS = ("leaseDurationSeconds", "leaseTransitions")
+_LEASE_STRINGS = ("holderIdentity", "acquireTime", "renewTime", "preferredHolder", "strategy")
+
+
+def _validate_lease(name: str, obj: dict[str, Any]) -> None:
+    """The checks of the real server's Lease validation that a client can trip over."""
+    spec = obj.get("spec")
+    if spec is None:
+        return
+    if not isinstance(spec, dict):
+        raise bad_request("spec must be a JSON object")
+    for key in _LEASE_INTS:
+        value = spec.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise bad_request(f"spec.{key} must be an integer, got {type(value).__name__}")
+    for key in _LEASE_STRINGS:
+        value = spec.get(key)
+        if value is not None and not isinstance(value, str):
+            raise bad_request(f"spec.{key} must be a string, got {type(value).__name__}")
+    if spec.get("leaseDurationSeconds") is not None and spec["leaseDurationSeconds"] <= 0:
+        raise invalid("leases", name, f"spec.leaseDurationSeconds: Invalid value: {spec['leaseDurationSeconds']}: "
+                      "must be greater than 0")
+    if spec.get("leaseTransitions") is not None and spec["leaseTransitions"] < 0:
+        raise invalid("leases", name, f"spec.leaseTransitions: Invalid value: {spec['leaseTransitions']}: "
+                      "must be greater than or equal to 0")
+    for key in ("acquireTime", "renewTime"):
+        value = spec.get(key)
+        if value is not None and not _MICRO_TIME.match(value):
+            raise bad_request(f"spec.{key}: {value!r} is not a time like 2006-01-02T15:04:05.000000Z")
 
 
 def _validate_resource(kind: ResourceKind, name: str, obj: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
 """HTTP routes of the test API server: the core/v1 REST paths for pods, nodes, events and bindings, and the
-`resource.k8s.io/v1` paths for ResourceSlices, ResourceClaims (with status), ResourceClaimTemplates, DeviceClasses.
+`resource.k8s.io/v1` paths for ResourceSlices, ResourceClaims (with status), ResourceClaimTemplates, DeviceClasses,
+and the `coordination.k8s.io/v1` path for Leases.
 
 Every failure is a JSON `v1.Status` with the HTTP code and reason the real server would use.
 """
@@ -7,6 +8,7 @@ Every failure is a JSON `v1.Status` with the HTTP code and reason the real serve
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -18,7 +20,7 @@ from aiohttp import web
 from gpumgr.sim.kubeapi import discovery, objects
 from gpumgr.sim.kubeapi.errors import ApiError, bad_request, invalid, success_status
 from gpumgr.sim.kubeapi.listing import list_body
-from gpumgr.sim.kubeapi.objects import RESOURCE_GROUP, ResourceKind
+from gpumgr.sim.kubeapi.objects import GROUPS, ResourceKind
 from gpumgr.sim.kubeapi.patch import PatchError, PatchFailed, json_patch, merge_patch, strategic_merge_patch
 from gpumgr.sim.kubeapi.selectors import ObjectFilter, parse_field_selector, parse_label_selector
 from gpumgr.sim.kubeapi.store import KubeStore, WatchEvent
@@ -53,8 +55,9 @@ def build_app(store: KubeStore, *, bookmark_interval: float = 5.0,
         add("GET", "/version" + slash, routes.static(discovery.version))
         add("GET", "/apis" + slash, routes.static(discovery.api_groups))
         add("GET", "/api/v1" + slash, routes.static(discovery.core_resources))
-        add("GET", f"/apis/{RESOURCE_GROUP}" + slash, routes.static(discovery.resource_group))
-        add("GET", f"/apis/{RESOURCE_GROUP}/v1" + slash, routes.static(discovery.group_resources))
+        for name in GROUPS:
+            add("GET", f"/apis/{name}" + slash, routes.static(functools.partial(discovery.api_group, name)))
+            add("GET", f"/apis/{name}/v1" + slash, routes.static(functools.partial(discovery.group_resources, name)))
         add("GET", "/api" + slash, routes.api_versions)
     for probe in ("/healthz", "/readyz", "/livez"):
         add("GET", probe, routes.health)
@@ -65,13 +68,14 @@ def build_app(store: KubeStore, *, bookmark_interval: float = 5.0,
     add("*", "/api/v1/{resource}", routes.collection)
     add("*", "/api/v1/{resource}/{name}", routes.item)
     add("*", "/api/v1/{resource}/{name}/{sub}", routes.subresource)
-    group = f"/apis/{RESOURCE_GROUP}/v1"
-    add("*", group + "/namespaces/{namespace}/{resource}", routes.collection)
-    add("*", group + "/namespaces/{namespace}/{resource}/{name}", routes.item)
-    add("*", group + "/namespaces/{namespace}/{resource}/{name}/{sub}", routes.subresource)
-    add("*", group + "/{resource}", routes.collection)
-    add("*", group + "/{resource}/{name}", routes.item)
-    add("*", group + "/{resource}/{name}/{sub}", routes.subresource)
+    for name in GROUPS:
+        group = f"/apis/{name}/v1"
+        add("*", group + "/namespaces/{namespace}/{resource}", routes.collection)
+        add("*", group + "/namespaces/{namespace}/{resource}/{name}", routes.item)
+        add("*", group + "/namespaces/{namespace}/{resource}/{name}/{sub}", routes.subresource)
+        add("*", group + "/{resource}", routes.collection)
+        add("*", group + "/{resource}/{name}", routes.item)
+        add("*", group + "/{resource}/{name}/{sub}", routes.subresource)
     add("*", "/{tail:.*}", routes.unknown)
     return app
 
@@ -92,6 +96,14 @@ class _Routes:
 
         return handler
 
+    async def _lag(self, kind: ResourceKind) -> None:
+        delay = self.store.latency.get(kind.plural, 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        gate = self.store.gates.get(kind.plural)
+        if gate is not None:
+            await gate.wait()
+
     async def api_versions(self, request: web.Request) -> web.StreamResponse:
         return _json(discovery.api_versions(request.host))
 
@@ -105,6 +117,7 @@ class _Routes:
 
     async def collection(self, request: web.Request) -> web.StreamResponse:
         kind, namespace = _resolve(request, item=False)
+        await self._lag(kind)
         if request.method in ("GET", "DELETE"):
             flt = ObjectFilter(namespace, parse_label_selector(request.query.get("labelSelector")),
                                parse_field_selector(request.query.get("fieldSelector"), kind.fields))
@@ -145,6 +158,7 @@ class _Routes:
 
     async def item(self, request: web.Request) -> web.StreamResponse:
         kind, namespace = _resolve(request, item=True)
+        await self._lag(kind)
         name = request.match_info["name"]
         if request.method == "GET":
             self.store.count_request("get", kind.plural)
@@ -172,6 +186,7 @@ class _Routes:
 
     async def subresource(self, request: web.Request) -> web.StreamResponse:
         kind, namespace = _resolve(request, item=True)
+        await self._lag(kind)
         name, sub = request.match_info["name"], request.match_info["sub"]
         if sub == "binding" and kind.plural == "pods":
             if request.method != "POST":
@@ -231,7 +246,8 @@ class _Routes:
             raise invalid("bindings", name, f"target.kind: Invalid value: {target.get('kind')!r}: must be "
                           "empty or 'Node'")
         annotations = meta.get("annotations") or {}
-        self.store.bind(namespace, name, target["name"], uid=meta.get("uid") or None, annotations=annotations)
+        self.store.bind(namespace, name, target["name"], uid=meta.get("uid") or None, annotations=annotations,
+                        resource_version=str(meta.get("resourceVersion") or "") or None)
         out_meta: dict[str, Any] = {"name": name, "namespace": namespace}
         if annotations:
             out_meta["annotations"] = annotations
@@ -259,7 +275,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 def _resolve(request: web.Request, *, item: bool) -> tuple[ResourceKind, str | None]:
     namespace = request.match_info.get("namespace")
     kind = objects.resource_kinds().get(request.match_info["resource"])
-    group = RESOURCE_GROUP if request.path.startswith(f"/apis/{RESOURCE_GROUP}/") else ""
+    group = next((g for g in GROUPS if request.path.startswith(f"/apis/{g}/")), "")
     if kind is None or kind.group != group or (namespace is not None and not kind.namespaced):
         raise _no_such_path()
     if item and kind.namespaced and namespace is None:

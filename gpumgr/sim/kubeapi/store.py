@@ -49,6 +49,12 @@ class KubeStore:
         self._subscribers: dict[int, tuple[str, Notify]] = {}
         self._next_subscriber = 0
         self._requests: collections.Counter[tuple[str, str]] = collections.Counter()
+        # A test hook: resource plural -> seconds every HTTP request for it waits before it is served (a slow
+        # API server, as one client sees it); the in-process methods are not slowed.
+        self.latency: dict[str, float] = {}
+        # A test hook: resource plural -> an asyncio.Event (of the server's loop) every HTTP request for it waits
+        # for before it is served (held until the test sets it).
+        self.gates: dict[str, Any] = {}
 
     # ---- reads -------------------------------------------------------------------------------------
 
@@ -133,13 +139,19 @@ class KubeStore:
                                  self._objects[resource][key]) for key in doomed]
 
     def bind(self, namespace: str, name: str, node: str, *, uid: str | None = None,
-             annotations: dict[str, str] | None = None) -> Obj:
-        """Set a pending pod's `spec.nodeName` (409 when it is already bound, 404 when missing)."""
+             annotations: dict[str, str] | None = None, resource_version: str | None = None) -> Obj:
+        """Set a pending pod's `spec.nodeName` (409 when it is already bound, 404 when missing). `uid` and
+        `resource_version` are preconditions, as the Binding's metadata makes them (BindingREST's
+        setPodHostAndAnnotations): 409 Conflict when the pod's differ."""
         with self._lock:
             old = self.get("pods", namespace, name)
             if uid and uid != old["metadata"]["uid"]:
                 raise conflict("pods", name, f"Precondition failed: UID in precondition: {uid}, "
                                f"UID in object meta: {old['metadata']['uid']}")
+            if resource_version and resource_version != old["metadata"]["resourceVersion"]:
+                raise conflict("pods", name, "Precondition failed: ResourceVersion in precondition: "
+                               f"{resource_version}, ResourceVersion in object meta: "
+                               f"{old['metadata']['resourceVersion']}")
             if old["metadata"].get("deletionTimestamp"):
                 raise conflict("pods", name, "pod is being deleted, cannot be assigned to a host")
             current = (old.get("spec") or {}).get("nodeName")

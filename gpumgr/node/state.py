@@ -3,6 +3,7 @@
 Every change runs `commit(fn)`: `fn` changes a copy of the ledger, the copy is written to the checkpoint, and
 only then does it replace the live ledger. A failed write leaves the live ledger as it was. Health is kept
 beside it (reasons per card) and is not checkpointed: it is re-learnt from the cards on every start.
+`load_checkpoint` brings the ledger of the last run back at start.
 """
 
 from __future__ import annotations
@@ -16,12 +17,37 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from gpumgr.allocator import Ledger
-from gpumgr.checkpoint import CheckpointStore
+from gpumgr.checkpoint import CheckpointError, CheckpointStore
 from gpumgr.devices.types import Inventory
 from gpumgr.topology import Topology
 
 log = logging.getLogger("gpumgr.state")
 T = TypeVar("T")
+
+
+def load_checkpoint(state: NodeState) -> None:
+    """Make the newest usable generation of `state.store` the live ledger. Nothing usable (damaged, another node's,
+    other cards): the ledger stays empty and the front ends rebuild it from the kubelet's checkpoint, the live pods
+    and the claims in the API."""
+    store = state.store
+    try:
+        res = store.load(expected_node=state.node_name)
+    except CheckpointError as e:
+        log.error("%s; starting from the kubelet checkpoint and the live pods instead", e)
+        return
+    for p in res.problems:
+        log.error("checkpoint skipped: %s", p)
+    snap = res.snapshot
+    if snap is None:
+        log.info("no checkpoint in %s: first start", store.dir)
+        return
+    if [c.memory_mib for c in snap.ledger.cards] != [g.memory_mib for g in state.inventory.gpus]:
+        log.error("checkpoint %s describes other cards than this node has; rebuilding from the kubelet "
+                  "checkpoint and the live pods", snap.path)
+        return
+    state.ledger = snap.ledger
+    log.info("checkpoint generation %d loaded from %s: %d allocations", snap.generation, snap.path,
+             len(snap.ledger.allocations))
 
 
 class NodeState:
@@ -37,6 +63,8 @@ class NodeState:
         self.version = 0  # bumps on every change of allocation or health
         self._changed = asyncio.Condition()
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")  # never queued behind API calls
+        # small file I/O of the front ends: never queued behind API calls, nor behind a checkpoint write's fsyncs
+        self._files = ThreadPoolExecutor(max_workers=1, thread_name_prefix="node-files")
         self.checkpoint_writes = 0
         self.checkpoint_failures = 0
         self.last_checkpoint_s = 0.0
@@ -72,12 +100,14 @@ class NodeState:
         self.last_checkpoint_s = time.perf_counter() - t0
 
     def run_io(self, fn: Callable[..., T], *args: object) -> asyncio.Future[T]:
-        """Run blocking file I/O of the agent's own (limits files, the kubelet checkpoint) off the event loop,
-        on the checkpoint thread rather than the default pool that API calls may fill."""
-        return asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+        """Run blocking file I/O of the front ends' own (vDevice directories, CDI specs, the kubelet checkpoint)
+        off the event loop, on a thread of the node's rather than the default pool that API calls may fill, and
+        not behind the checkpoint writes (an Allocate would wait for another commit's fsyncs)."""
+        return asyncio.get_running_loop().run_in_executor(self._files, fn, *args)
 
     def close(self) -> None:
         self._io.shutdown(wait=True)
+        self._files.shutdown(wait=True)
 
     # -- health ---------------------------------------------------------------------------------------------
     def healthy(self, index: int) -> bool:

@@ -1,0 +1,172 @@
+"""A small asyncio client for the Kubernetes REST API: JSON in, JSON dicts out, on the caller's event loop.
+
+No model classes and no threads: answers are parsed with `json.loads` (in C) and handed over as dicts, which is
+what the agent works with anyway; the `kubernetes` package is neither imported nor needed here.
+
+Every call has a connect timeout and a read timeout (time without a byte from the server), so a black-holed API
+server fails a call instead of hanging it. Failures are `ApiError` (the server answered with an error status) or
+`aiohttp.ClientError` / `TimeoutError` (it did not answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+
+from gpumgr.kube.kubeconfig import ClusterAccess
+
+log = logging.getLogger("gpumgr.kube")
+
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 30.0
+MAX_WATCH_LINE = 32 << 20  # one watch event; a pod is at most ~1.5 MiB in etcd, so this is only a bound
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+
+
+class ApiError(Exception):
+    """The API server answered with an error status; `status` is the HTTP code (404, 409, 410 ...)."""
+
+    def __init__(self, status: int, reason: str, message: str):
+        super().__init__(f"{status} {reason}: {message}" if message else f"{status} {reason}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class KubeRest:
+    def __init__(self, access: ClusterAccess, connect_timeout: float = CONNECT_TIMEOUT_S,
+                 read_timeout: float = READ_TIMEOUT_S):
+        self.access = access
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self._ssl = access.ssl_context()
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def _http(self) -> aiohttp.ClientSession:
+        """The session of the running loop (made on first use: a session belongs to one loop)."""
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False, limit=32),
+                headers={"Accept": JSON, "User-Agent": "gpumgr-agent"}, auto_decompress=True)
+            self._loop = loop
+        return self._session
+
+    def _headers(self, content_type: str | None, force_token: bool = False) -> dict[str, str]:
+        h: dict[str, str] = {}
+        token = self.access.bearer(force=force_token)
+        if token:
+            h["Authorization"] = f"Bearer {token}"
+        if content_type:
+            h["Content-Type"] = content_type
+        return h
+
+    def _timeout(self, read: float | None = None, total: float | None = None) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout,
+                                     sock_read=read if read is not None else self.read_timeout)
+
+    def url(self, path: str) -> str:
+        return self.access.server.rstrip("/") + path
+
+    async def request(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
+                      body: Any = None, content_type: str = JSON) -> dict[str, Any]:
+        """One call; the answer's JSON object. A 401 reads the token file again and tries once more (the token
+        may have been rotated between our check and the server's)."""
+        data = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
+        for attempt in (0, 1):
+            async with self._http().request(
+                    method, self.url(path), params=params, data=data,
+                    headers=self._headers(content_type if data is not None else None, force_token=attempt > 0),
+                    timeout=self._timeout(total=self.connect_timeout + self.read_timeout * 2)) as resp:
+                raw = await resp.read()
+                if resp.status == 401 and attempt == 0 and self.access.token_file:
+                    continue
+                if resp.status >= 400:
+                    raise _error(resp.status, resp.reason, raw)
+                break
+        try:
+            doc = json.loads(raw) if raw else {}
+        except ValueError:
+            raise ApiError(resp.status, "BadResponse", f"{method} {path}: the answer is not JSON") from None
+        if not isinstance(doc, dict):
+            raise ApiError(resp.status, "BadResponse", f"{method} {path}: the answer is not a JSON object")
+        return doc
+
+    async def watch(self, path: str, params: Mapping[str, str], read_timeout: float) -> AsyncIterator[dict[str, Any]]:
+        """The events of a `?watch=true` stream, one JSON object a line, until the server ends it. An ERROR event
+        is yielded like any other: the caller decides (410 Expired means list again)."""
+        q = {**params, "watch": "true"}
+        async with self._http().get(self.url(path), params=q, headers=self._headers(None),
+                                    timeout=self._timeout(read=read_timeout)) as resp:
+            if resp.status >= 400:
+                raise _error(resp.status, resp.reason, await resp.read())
+            buf = bytearray()
+            async for chunk in resp.content.iter_any():
+                buf += chunk
+                while (nl := buf.find(b"\n")) >= 0:
+                    line = bytes(buf[:nl])
+                    del buf[:nl + 1]
+                    if line.strip():
+                        yield _event(line)
+                if len(buf) > MAX_WATCH_LINE:
+                    raise ApiError(resp.status, "BadResponse", f"watch {path}: an event over {MAX_WATCH_LINE} bytes")
+            if buf.strip():
+                yield _event(bytes(buf))
+
+    async def aclose(self) -> None:
+        s, self._session = self._session, None
+        if s is not None and not s.closed:
+            await s.close()
+
+    def close(self) -> None:
+        """For callers that cannot await: closes on the session's loop when it is the running one."""
+        s, self._session = self._session, None
+        if s is None or s.closed:
+            return
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not None and running is self._loop:
+            task = running.create_task(s.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        elif self._loop is not None and not self._loop.is_closed() and not self._loop.is_running():
+            self._loop.run_until_complete(s.close())
+
+
+def _event(line: bytes) -> dict[str, Any]:
+    try:
+        ev = json.loads(line)
+    except ValueError:
+        raise ApiError(200, "BadResponse", f"a watch event is not JSON: {line[:80]!r}") from None
+    if not isinstance(ev, dict) or not isinstance(ev.get("object"), dict):
+        raise ApiError(200, "BadResponse", f"a watch event without an object: {line[:80]!r}")
+    return ev
+
+
+def _error(status: int, reason: str | None, raw: bytes) -> ApiError:
+    """The server's Status object says why; keep its reason and message when it sent one."""
+    try:
+        doc = json.loads(raw) if raw else {}
+    except ValueError:
+        doc = {}
+    if isinstance(doc, dict) and doc.get("kind") == "Status":
+        return ApiError(status, str(doc.get("reason") or reason or ""), str(doc.get("message") or ""))
+    return ApiError(status, reason or "", raw[:200].decode("utf-8", "replace"))
+
+
+def status_error(obj: Mapping[str, Any]) -> ApiError:
+    """An ERROR watch event's Status object as an ApiError (code 410 = the resourceVersion is too old)."""
+    code = obj.get("code")
+    return ApiError(code if isinstance(code, int) else 500, str(obj.get("reason") or "Error"),
+                    str(obj.get("message") or ""))

@@ -1,0 +1,44 @@
+"""The node whose checkpoint tests/fixtures/checkpoint-v1/ holds, written by gpumgr's format version 1 (allocation
+labels as a map of strings): the same pods, with the same UIDs, so that an agent started on that file finds every
+holder alive. Pod UIDs come from a counter instead of uuid4 (`fixed_uids`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import types
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from gpumgr.sim.kubelet import AdmittedPod
+from gpumgr.sim.node import SimNode
+
+FIXTURE = "checkpoint-v1"
+CLAIM_UID = "0c1a1f00-0000-4000-8000-00000000c1a1"
+
+
+@contextlib.contextmanager
+def fixed_uids() -> Iterator[None]:
+    """The API server names objects 00000000-0000-4000-8000-<n>, in creation order."""
+    from gpumgr.sim.kubeapi import store
+
+    counter = iter(range(1, 1 << 30))
+    real = store.uuid
+    store.uuid = types.SimpleNamespace(uuid4=lambda: uuid.UUID(f"00000000-0000-4000-8000-{next(counter):012d}"))  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        store.uuid = real  # type: ignore[assignment]
+
+
+async def run(node: SimNode) -> tuple[dict[str, Any], AdmittedPod]:
+    """Whole card, a verified share, an init container whose devices its app container reuses (one rides on the
+    other), and a pod admitted but not started while a second one could have been it (an unverified guess)."""
+    await node.run_pod("whole", [("main", 100, 0)])
+    await node.run_pod("frac", [("main", 30, 8)])
+    await node.run_pod("reuse", [("main", 30, 8)], init_containers=[("setup", 20, 4)])
+    maybe_a = node.create_pod("maybe-a", [("main", 40, 4)])
+    node.create_pod("maybe-b", [("main", 40, 12)])
+    await asyncio.sleep(0)
+    return maybe_a, await node.admit(maybe_a, start=False)
