@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumgr import podspec
+from gpumgr.allocator.ledger import in_bounds
 from gpumgr.devices.types import Inventory
 
 
@@ -43,6 +44,8 @@ def candidates(pods: Iterable[Mapping[str, Any]], inv: Inventory, cores: int,
         for ask in asks:
             if ask.cores != cores or (uid, ask.name) in taken:
                 continue
+            if ask.cores < 100 and not in_bounds("memory_units", ask.memory_units):
+                continue  # more memory than the ledger records: it fits on no card
             recorded = None
             if not ask.init:
                 minors = podspec.predicate_minors(pod, ask.index)

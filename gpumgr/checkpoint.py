@@ -7,7 +7,9 @@ another node's file raises a clear error for that file and falls back to the pre
 it raises, never yielding an empty ledger silently. `decode` is the one validation: the agent's load and
 `gpumgr checkpoint verify` both go through `CheckpointStore.examine`, so they always agree. After a load that
 skipped an unusable current file, the next save does not turn that file into `.prev`: the good previous
-generation stays until a good current one replaces it.
+generation stays until a good current one replaces it. After loading a version 1 file, the first save writes the
+new generation to both files: a `.prev` of version 1 would be what an older gpumgr falls back to (it refuses
+version 2), bringing back whatever that first write released.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ MAX_DEPTH = 16  # what gpumgr writes is 5 deep (document, ledger, allocations, a
 MAX_CARDS = 1024
 MAX_ALLOCATIONS = 100_000
 MAX_GENERATION = 2**62
+_DOCUMENT_FIELDS = frozenset({"format", "version", "generation", "node", "written_at", "ledger"})
 
 
 class CheckpointError(Exception):
@@ -91,6 +94,9 @@ def decode(data: bytes, source: str, expected_node: str | None = None) -> Snapsh
         good = False
     if not good:
         raise CheckpointError(f"{source}: checksum mismatch (file was modified or damaged)")
+    unknown = sorted(str(k) for k in doc if k not in _DOCUMENT_FIELDS)
+    if unknown:
+        raise CheckpointError(f"{source}: unknown field {_clip(repr(unknown[0]), 80)} (written by another program?)")
     generation, node, written = doc.get("generation", 0), doc.get("node", ""), doc.get("written_at", "")
     if not _is_int(generation) or not 0 <= generation <= MAX_GENERATION:
         raise CheckpointError(f"{source}: generation must be a whole number 0..{MAX_GENERATION}, "
@@ -111,7 +117,8 @@ def decode(data: bytes, source: str, expected_node: str | None = None) -> Snapsh
         raise CheckpointError(f"{source}: inconsistent ledger: {_clip(str(e), 300)}") from None
     except Exception as e:  # noqa: BLE001 - a pure function of a hostile document: any failure is a bad file
         raise CheckpointError(f"{source}: inconsistent ledger: {type(e).__name__}: {_clip(str(e))}") from None
-    return Snapshot(ledger=ledger, generation=generation, node=node, written_at=written, path=source)
+    return Snapshot(ledger=ledger, generation=generation, node=node, written_at=written, path=source,
+                    version=version)
 
 
 def _is_int(v: object) -> TypeGuard[int]:
@@ -197,31 +204,38 @@ class CheckpointStore:
         self.prev = self.dir / (name + ".prev")
         self.generation = 0
         self._current_unusable = False  # load() skipped the current file: keep `.prev` (the good one) at next save
+        self._older_format = False  # load() used an older format version: the next save replaces both files
 
     def save(self, ledger: Ledger, node: str = "") -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.generation += 1
         data = encode(ledger, self.generation, node)
-        tmp = self.dir / f".{self.path.name}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if self.path.exists() and not self._current_unusable:
+        tmp = self._write_temp(self.path, data)
+        if self._older_format:  # its own copy, not a link: damage to one file must leave the other
+            os.replace(self._write_temp(self.prev, data), self.prev)
+        elif self.path.exists() and not self._current_unusable:
             link = self.dir / f".{self.prev.name}.{os.getpid()}.tmp"
             link.unlink(missing_ok=True)
             os.link(self.path, link)
             os.replace(link, self.prev)
         os.replace(tmp, self.path)
-        self._current_unusable = False
+        self._current_unusable = self._older_format = False
         dfd = os.open(self.dir, os.O_RDONLY)
         try:
             os.fsync(dfd)
         finally:
             os.close(dfd)
         return self.generation
+
+    def _write_temp(self, target: Path, data: bytes) -> Path:
+        tmp = self.dir / f".{target.name}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return tmp
 
     def examine(self, expected_node: str | None = None) -> list[Generation]:
         """Both generations, newest first, each checked exactly as `load` checks it (absent files left out)."""
@@ -253,6 +267,7 @@ class CheckpointStore:
                 problems.append(gen.problem or gen.path)
                 continue
             self.generation = max(self.generation, gen.snapshot.generation)
+            self._older_format = gen.snapshot.version < VERSION
             return LoadResult(snapshot=gen.snapshot, problems=problems)
         if problems:
             raise CheckpointError("no usable checkpoint: " + "; ".join(problems))
@@ -266,6 +281,7 @@ class Snapshot:
     node: str
     written_at: str
     path: str
+    version: int = VERSION  # the format version the file was in
 
 
 @dataclass(frozen=True)

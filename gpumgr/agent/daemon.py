@@ -51,6 +51,9 @@ class Agent:
         self.kube = kube
         self.state: NodeState | None = None
         self.service: AllocationService | None = None
+        # the vDevice directories and servers: built once at start, handed to both front ends
+        self.layout: VDeviceLayout | None = None
+        self.vdevices: VDeviceManager | None = None
         self.supervisor: PluginSupervisor | None = None
         self.pods: PodCache | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -101,8 +104,8 @@ class Agent:
                                             vdriver.driver_dir(shim_dir))
         log.info("driver libraries: %d NVIDIA entries from %s staged in %s", staged, cfg.driver_root,
                  vdriver.driver_dir(shim_dir))
-        layout = VDeviceLayout(cfg.vdevice_root)
-        vdevices = VDeviceManager(layout, cfg.proc_root, on_register=metrics.vdevice_registration)
+        layout = self.layout = VDeviceLayout(cfg.vdevice_root)
+        vdevices = self.vdevices = VDeviceManager(layout, cfg.proc_root, on_register=metrics.vdevice_registration)
         self.service = AllocationService(
             state, self.pods, layout, vdevices,
             ServiceConfig(kubelet_checkpoint=cfg.kubelet_checkpoint,

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from gpumgr import binding, podspec
+from gpumgr.agent.gone import gone
 from gpumgr.agent.service import AllocationService
 from gpumgr.agent.truth import apply_truths
 from gpumgr.allocator import Allocation, Ledger
@@ -21,6 +22,7 @@ from gpumgr.deviceplugin import ids as devids
 from gpumgr.kube.pod_cache import mirror_of
 from gpumgr.kubelet_checkpoint import KubeletCheckpointError
 from gpumgr.node.claims import is_claim
+from gpumgr.node.owner import allocation_for
 from gpumgr.node.vdevices import start_server, sweep_orphans
 from gpumgr.vdevice.layout import allocation_key
 
@@ -28,19 +30,19 @@ log = logging.getLogger("gpumgr.reconcile")
 
 async def reconcile(service: AllocationService, pods_synced: bool, grace_s: float, why: str,
                     full: bool = True) -> Report:
-    """`full=False` (on pod changes) only frees what verified pods that are gone or finished held, without
-    reading the kubelet checkpoint; the full pass does everything."""
+    """`full=False` (on pod changes) only frees what pods that are gone or finished held; the full pass does
+    everything. Both name owners from the kubelet checkpoint (one stat when it is unchanged): a static pod's
+    mirror pod recreated under a new UID is still the pod the kubelet records, and keeps its cards."""
     state = service.state
     report = Report(why=why)
     kubelet_ok, entries = False, []
     seen = dict(state.ledger.allocations)  # before the kubelet's record is read: decisions are made on these
-    if full:
-        try:
-            ckpt = await service.kubelet_checkpoint()
-            kubelet_ok = True
-            entries = [e for e in ckpt.entries if e.resource_name == podspec.RESOURCE_CORE]
-        except KubeletCheckpointError as err:
-            log.error("reconcile (%s): kubelet checkpoint unreadable, freeing nothing on its account: %s", why, err)
+    try:
+        ckpt = await service.kubelet_checkpoint()
+        kubelet_ok = True
+        entries = [e for e in ckpt.entries if e.resource_name == podspec.RESOURCE_CORE]
+    except KubeletCheckpointError as err:
+        log.error("reconcile (%s): kubelet checkpoint unreadable, freeing nothing on its account: %s", why, err)
     pods = {p["metadata"]["uid"]: p for p in service.pods.pods() if (p.get("metadata") or {}).get("uid")}
     for p in list(pods.values()):  # static pods: the kubelet knows them by their mirror pod's config.mirror UID
         alias = mirror_of(p)
@@ -61,37 +63,30 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
 
     now = time.time()
     release: list[str] = []
-    gone: list[tuple[str, str]] = []  # (key, owner uid) of allocations whose pod the cache no longer has
+    missing: list[tuple[str, str]] = []  # (key, owner uid) of allocations whose pod the cache no longer has
     for a in seen.values():
         if is_claim(a):  # a DRA claim's: its own front end answers for it
             continue
+        if any(h in live for h, _ in holders.get(a.key, ())):
+            continue  # the kubelet records it for a live pod (a static pod by its config.mirror UID): never freed
         owner = owners.get(a.key)
         uid = owner[0] if owner else (a.pod_uid if a.verified else None)
         if uid:
             if pods_synced and uid not in pods:
-                gone.append((a.key, uid))
+                missing.append((a.key, uid))
             elif uid in pods and uid not in live:
                 release.append(a.key)
                 report.freed_finished += 1
-        elif kubelet_ok and now - (a.created or 0) > grace_s:
+        elif full and kubelet_ok and now - (a.created or 0) > grace_s:
             release.append(a.key)  # never recorded by the kubelet: the admission failed or was never completed
             report.freed_unrecorded += 1
-    # the watch's own word (it saw the pod deleted) is final; a pod merely missing from the cache (which can lag
-    # or be stale) is freed only when a fresh list confirms it, which costs a list of every pod on the node
-    certain = [k for k, uid in gone if service.pods.known_finished(uid)]
-    release += certain
-    report.freed_gone += len(certain)
-    unsure = [(k, uid) for k, uid in gone if k not in certain]
-    if unsure:
-        still = await service.pods.live_uids()
-        if still is not None:
-            confirmed = [k for k, uid in unsure if uid not in still]
-            release += confirmed
-            report.freed_gone += len(confirmed)
+    freed = await gone(service.pods, missing)
+    release += freed
+    report.freed_gone += len(freed)
 
     restore: list[Allocation] = []
     for key, (uid, cname, ids) in owners.items():
-        if uid not in live:
+        if not full or uid not in live:
             continue
         have = state.ledger.held_by(key)
         pod = pods[uid]
@@ -112,8 +107,8 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
         except devids.BadDeviceID as e:
             log.error("reconcile: kubelet checkpoint entry of pod %s container %s: %s", uid, cname, e)
             continue
-        restore.append(service._allocation_for(binding.Candidate(pod, ask, None, ()), cards, key, verified=True,
-                                               ids=list(ids)))
+        restore.append(allocation_for(binding.Candidate(pod, ask, None, ()), cards, key,
+                                      state.memory_unit_mib, verified=True, ids=list(ids)))
 
     if release:
         # only what still holds what it held when decided on (an Allocate may have replaced it in the meantime)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -23,15 +22,18 @@ from typing import Any, Protocol
 from gpumgr import binding, podspec, vdriver
 from gpumgr.agent import guess
 from gpumgr.agent.errors import PluginError
+from gpumgr.agent.gone import gone
+from gpumgr.agent.kubelet_cache import KubeletCheckpointCache, Stamp
 from gpumgr.agent.settle import Settling, identity
 from gpumgr.agent.truth import apply_truths
-from gpumgr.allocator import Allocation, ContainerHolder, InvalidRequest, Ledger, LedgerError, NoFit, Request, choose
+from gpumgr.allocator import Allocation, InvalidRequest, Ledger, LedgerError, NoFit, Request, choose
 from gpumgr.choices import NO_CORDON, Cordon
 from gpumgr.deviceplugin import ids as devids
 from gpumgr.deviceplugin import response
-from gpumgr.kubelet_checkpoint import KubeletCheckpoint, KubeletCheckpointError, find_owners, read_kubelet_checkpoint
+from gpumgr.kubelet_checkpoint import KubeletCheckpoint, KubeletCheckpointError, find_owners
 from gpumgr.node.claims import is_claim
 from gpumgr.node.limits import LimitsMemo
+from gpumgr.node.owner import allocation_for
 from gpumgr.node.state import NodeState
 from gpumgr.node.vdevices import start_server
 from gpumgr.pb import deviceplugin_pb2 as pb
@@ -87,15 +89,15 @@ class AllocationService(Settling):
         self._mem_ids = {g.index: devids.memory_ids(g, state.memory_unit_mib) for g in inv.gpus}
         self._annotate_tasks: set[asyncio.Task[None]] = set()
         self._api_slots = asyncio.Semaphore(4)  # background API calls at once (they run in threads)
-        self._kubelet_cache: tuple[tuple[int, int, int], KubeletCheckpoint] | None = None
+        self._kubelet = KubeletCheckpointCache(self.config.kubelet_checkpoint)
         self._advertised = {"c": {d: i for i, ids in self._core_ids.items() for d in ids},  # ID -> its card
                             "m": {d: i for i, ids in self._mem_ids.items() for d in ids}}
         # vcuda-memory units of the container being admitted, when its memory Allocate came before its core one
         # (when, units, kubelet checkpoint stamp then); the kubelet writes its checkpoint once a container's
         # resources are all allocated (or its admission failed), so a changed stamp means the hint is stale
-        self._memory_hint: tuple[float, int, tuple[int, int, int] | None] | None = None
+        self._memory_hint: tuple[float, int, Stamp | None] | None = None
         # a core Allocate is waiting for its container's memory Allocate (the checkpoint stamp then), or None
-        self._open_core: tuple[int, int, int] | None | bool = False
+        self._open_core: Stamp | None | bool = False
         self.cordon: Callable[[], Cordon] = lambda: NO_CORDON  # the node's cordon; the daemon sets its watch
         self.unsafe_refusals = 0  # Allocates refused because any answer could strand the pod being admitted
         self.prestart_failures = 0  # pods failed at PreStart because they could not be made to fit
@@ -348,12 +350,8 @@ class AllocationService(Settling):
             return None
         return hint[1]
 
-    def _kubelet_stamp(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self.config.kubelet_checkpoint)
-        except OSError:
-            return None
-        return st.st_ino, st.st_mtime_ns, st.st_size
+    def _kubelet_stamp(self) -> Stamp | None:
+        return self._kubelet_file().stamp()
 
     @staticmethod
     def _narrow_by_memory(cands: list[binding.Candidate], units: int | None) -> list[binding.Candidate]:
@@ -393,16 +391,7 @@ class AllocationService(Settling):
                  and (a.pod_uid or now - (a.created or 0) > NAMELESS_GRACE_S)]
         if not maybe:
             return []
-        # the watch's own word (deleted, or Succeeded/Failed) is final; only a pod merely missing from the cache
-        # needs a fresh list (the cache may lag), which costs a list of every pod on the node
-        certain = [a for a in maybe if a.pod_uid and self.pods.known_finished(a.pod_uid)]
-        unsure = [a for a in maybe if a not in certain]
-        if not unsure:
-            return certain
-        live = await self.pods.live_uids()
-        if live is None:
-            return certain
-        return certain + [a for a in unsure if a.pod_uid not in live]
+        return await gone(self.pods, [(a, a.pod_uid) for a in maybe])
 
     async def _kubelet_checkpoint_or_none(self) -> KubeletCheckpoint | None:
         try:
@@ -517,14 +506,7 @@ class AllocationService(Settling):
 
     def _allocation_for(self, cand: binding.Candidate, cards: tuple[int, ...], key: str,
                         verified: bool = False, ids: list[str] | None = None) -> Allocation:
-        ask = cand.ask
-        memory = 0 if ask.cores >= 100 else ask.memory_units * self.state.memory_unit_mib
-        holder = ContainerHolder(pod_uid=cand.uid, namespace=cand.namespace, pod=cand.name, container=ask.name,
-                                 container_index=ask.index, init=ask.init, memory_units=ask.memory_units)
-        return Allocation(key=key, cards=tuple(cards), cores=ask.cores, memory_mib=memory, holder=holder,
-                          verified=verified, created=int(time.time()),
-                          # the kubelet may hand an init container's devices on to the pod's app containers
-                          ids=tuple(sorted(ids)) if ask.init and ids else ())
+        return allocation_for(cand, cards, key, self.state.memory_unit_mib, verified, ids)
 
     def _response(self, alloc: Allocation) -> pb.ContainerAllocateResponse:
         """The answer; its `tencent.com/vcuda-memory` annotation is the container's own memory when that is known
@@ -662,9 +644,11 @@ class AllocationService(Settling):
     async def _owner(self, device_ids: list[str]) -> tuple[str, str, KubeletCheckpoint]:
         path = self.config.kubelet_checkpoint
         deadline = time.monotonic() + OWNER_WAIT_S
+        missed = False
         while True:
             try:
-                ckpt = await self.kubelet_checkpoint()
+                # after a miss, past the cache: a write the stamp cannot show (see kubelet_cache.py) is read
+                ckpt = await self.kubelet_checkpoint(fresh=missed)
             except KubeletCheckpointError as e:
                 raise PluginError.precondition(f"cannot read the kubelet checkpoint: {e}", "kubelet_checkpoint") \
                     from None
@@ -672,32 +656,24 @@ class AllocationService(Settling):
             if owners:
                 uid, name = binding.app_owner(owners, self.pods.get(owners[0][0]))
                 return uid, name, ckpt
+            missed = True
             if time.monotonic() > deadline:
                 raise PluginError.precondition(
                     f"the kubelet checkpoint {path} names no container holding these {len(device_ids)} vcuda-core "
                     "IDs; refusing to write limits for an unverified container", "unverified")
             await asyncio.sleep(0.1)
 
-    async def kubelet_checkpoint(self) -> KubeletCheckpoint:
-        """The kubelet's checkpoint, parsed again (off the event loop) only when the file changed: an unchanged
-        file costs one stat, with no wait for the I/O thread."""
-        cached, stamp = self._kubelet_cache, self._kubelet_stamp()
-        if stamp is not None and cached is not None and cached[0] == stamp:
-            return cached[1]
-        return await self.state.run_io(self._read_kubelet_checkpoint, self.config.kubelet_checkpoint)
+    async def kubelet_checkpoint(self, fresh: bool = False) -> KubeletCheckpoint:
+        """The kubelet's checkpoint, parsed again (off the event loop) only when the file may have changed (see
+        kubelet_cache.py): an unchanged file costs one stat, with no wait for the I/O thread. `fresh`: read it."""
+        cache = self._kubelet_file()
+        hit = None if fresh else cache.cached()
+        return hit if hit is not None else await self.state.run_io(cache.read, fresh)
 
-    def _read_kubelet_checkpoint(self, path: Path) -> KubeletCheckpoint:
-        try:
-            st = os.stat(path)
-            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        except OSError:
-            stamp = None
-        if stamp is not None and self._kubelet_cache is not None and self._kubelet_cache[0] == stamp:
-            return self._kubelet_cache[1]
-        ckpt = read_kubelet_checkpoint(path)
-        if stamp is not None:
-            self._kubelet_cache = (stamp, ckpt)
-        return ckpt
+    def _kubelet_file(self) -> KubeletCheckpointCache:
+        if self._kubelet.path != Path(self.config.kubelet_checkpoint):  # the configuration names another file
+            self._kubelet = KubeletCheckpointCache(self.config.kubelet_checkpoint)
+        return self._kubelet
 
     # -- pod annotations ------------------------------------------------------------------------------------
     def schedule_annotations(self, uid: str) -> None:

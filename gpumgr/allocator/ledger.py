@@ -7,11 +7,13 @@ both are all-or-nothing. Card state (free, shared, exclusive) is derived from th
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from gpumgr.allocator.request import HUNDRED
+
+_T = TypeVar("_T")
 
 
 class LedgerError(ValueError):
@@ -119,6 +121,13 @@ class Ledger:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], legacy: bool | None = None) -> Ledger:
         """`legacy`: allocations in format version 1 (see `Allocation.from_json`)."""
+        unknown = sorted(str(k) for k in doc if k not in _LEDGER_FIELDS)
+        if unknown:
+            raise LedgerError(f"ledger: unknown field {_clip(unknown[0])!r}")
+        for c in doc.get("cards") or []:
+            extra = sorted(str(k) for k in c if k not in _CARD_FIELDS) if isinstance(c, dict) else []
+            if extra:
+                raise LedgerError(f"ledger card: unknown field {_clip(extra[0])!r}")
         try:
             cards = sorted(doc["cards"], key=lambda c: int(c["index"]))
             if [int(c["index"]) for c in cards] != list(range(len(cards))):
@@ -130,6 +139,12 @@ class Ledger:
             if isinstance(e, LedgerError):
                 raise
             raise LedgerError(f"malformed ledger: {e!r}") from None
+        for a in ledger.allocations.values():
+            base = ledger.allocations.get(a.rides_on) if a.rides_on is not None else None
+            if a.rides_on is not None and (base is None or not base.reserve or set(a.cards) - set(base.cards)):
+                # riding on nothing would hold cards without counting them against any card
+                raise LedgerError(f"allocation {_clip(a.key)}: rides on {_clip(a.rides_on)}, which does not reserve "
+                                  "its cards")
         return ledger
 
 
@@ -181,6 +196,16 @@ class ContainerHolder:
     init: bool = False  # an init container: the kubelet may hand its devices on to the pod's app containers
     memory_units: int | None = None  # vcuda-memory units the container asks (None: not known)
 
+    def __post_init__(self) -> None:
+        # the one rule for what a holder may be: the agent's writer and both checkpoint readers build through here
+        for name in ("pod_uid", "namespace", "pod", "container"):
+            _check_text(name, getattr(self, name))
+        _check_whole("container_index", self.container_index)
+        if not isinstance(self.init, bool):
+            raise LedgerError(f"init must be true or false, got {_clip(repr(self.init), 40)}")
+        if self.memory_units is not None:
+            _check_whole("memory_units", self.memory_units)
+
 
 @dataclass(frozen=True)
 class ClaimHolder:
@@ -194,6 +219,12 @@ class ClaimHolder:
     request: str = ""
     device: str = ""
     share_id: str = ""
+
+    def __post_init__(self) -> None:
+        for name in _CLAIM_FIELDS:
+            _check_text(name, getattr(self, name))
+        if not self.uid:
+            raise LedgerError("a claim holder needs the claim's uid")
 
 
 Holder = ContainerHolder | ClaimHolder
@@ -217,6 +248,41 @@ class Allocation:
     created: int | None = None  # Unix seconds: the grace of an allocation the kubelet has not recorded yet
     answered_memory_mib: int | None = None  # the memory Allocate's answer named (only when certain)
     guess_of: int | None = None  # unverified, guessed among this many pending pods (None: one, or verified)
+
+    def __post_init__(self) -> None:
+        # bounds here, not only in the reader: `commit` then refuses what the next start could not read back
+        _check_text("key", self.key)
+        if not isinstance(self.cards, tuple) or not all(_is_int(c) and 0 <= c < _MAX_CARD for c in self.cards):
+            raise LedgerError(f"{_clip(self.key)}: cards must be card indices 0..{_MAX_CARD - 1}")
+        for name in ("cores", "memory_mib"):
+            _check_whole(name, getattr(self, name))
+        for name in ("created", "answered_memory_mib", "guess_of"):
+            if getattr(self, name) is not None:
+                _check_whole(name, getattr(self, name))
+        for name in ("verified", "reserve"):
+            if not isinstance(getattr(self, name), bool):
+                raise LedgerError(f"{name} must be true or false, got {_clip(repr(getattr(self, name)), 40)}")
+        if not isinstance(self.ids, tuple) or len(self.ids) > _MAX_IDS \
+                or not all(isinstance(d, str) and 0 < len(d) <= _MAX_ID for d in self.ids):
+            raise LedgerError(f"ids must be at most {_MAX_IDS} device IDs of 1..{_MAX_ID} characters")
+        if self.holder is not None and not isinstance(self.holder, ContainerHolder | ClaimHolder):
+            raise LedgerError(f"holder must be a container or a claim, got {type(self.holder).__name__}")
+        # one definition of a claim: its key is dra/<claim uid>/<n> and its holder that claim
+        if self.key.startswith(CLAIM_PREFIX) != isinstance(self.holder, ClaimHolder) or (
+                isinstance(self.holder, ClaimHolder) and self.key.split("/")[1:2] != [self.holder.uid]):
+            raise LedgerError(f"{_clip(self.key)}: a {CLAIM_PREFIX}<uid>/<n> key is held by claim <uid>, and only "
+                              "there")
+        if self.rides_on is not None:
+            _check_text("rides_on", self.rides_on)
+            if self.reserve or self.rides_on == self.key:
+                raise LedgerError(f"{_clip(self.key)}: rides_on names another allocation, and only when reserve "
+                                  "is false")
+        elif not self.reserve:
+            raise LedgerError(f"{_clip(self.key)}: reserve false needs rides_on (the reservation it uses)")
+
+    @property
+    def is_claim(self) -> bool:
+        return isinstance(self.holder, ClaimHolder)
 
     def holding_on(self, card: CardState) -> Holding:
         if not self.reserve:
@@ -289,32 +355,48 @@ class Allocation:
         cards = doc.get("cards")
         if not isinstance(cards, list) or not all(_is_int(c) for c in cards):
             raise LedgerError(f"{where}: cards must be a list of card indices")
-        base = cls(key=key, cards=tuple(cards), cores=_whole(doc, "cores", where, 0, _BIG),
-                   memory_mib=_whole(doc, "memory_mib", where, 0, _BIG, 0), reserve=_flag(doc, "reserve", where, True))
+        base: dict[str, Any] = dict(key=key, cards=tuple(cards), cores=_whole(doc, "cores", where),
+                                    memory_mib=_whole(doc, "memory_mib", where, 0))
+        reserve = _flag(doc, "reserve", where, True)
         if legacy:
-            return _from_meta(base, doc.get("meta", {}), where)
+            return _from_meta(base, doc.get("meta", {}), where, reserve)
         holder = doc.get("holder")
-        return replace(
-            base, holder=None if holder is None else _holder_from(holder, where),
-            verified=_flag(doc, "verified", where, False),
-            rides_on=_text(doc, "rides_on", where) if doc.get("rides_on") is not None else None,
-            ids=_ids(doc.get("ids", []), where), created=_maybe_whole(doc, "created", where, 0, _SECONDS),
-            answered_memory_mib=_maybe_whole(doc, "answered_memory_mib", where, 0, _BIG),
-            guess_of=_maybe_whole(doc, "guess_of", where, 2, _MAX_GUESS))
+        rides_on = _text(doc, "rides_on", where) if doc.get("rides_on") is not None else None
+        fields = dict(holder=None if holder is None else _holder_from(holder, where),
+                      verified=_flag(doc, "verified", where, False), reserve=reserve, rides_on=rides_on,
+                      ids=_ids(doc.get("ids", []), where), created=_maybe_whole(doc, "created", where),
+                      answered_memory_mib=_maybe_whole(doc, "answered_memory_mib", where),
+                      guess_of=_maybe_whole(doc, "guess_of", where))
+        return _build(where, lambda: cls(**base, **fields))  # type: ignore[arg-type]
 
 
 # -- the allocation's JSON ----------------------------------------------------------------------------------------
+CLAIM_PREFIX = "dra/"  # ledger keys of DRA claims: dra/<claim uid>/<result index>
 _FIELDS = frozenset({"key", "cards", "cores", "memory_mib", "verified", "holder", "reserve", "rides_on", "ids",
                      "created", "answered_memory_mib", "guess_of"})
 _V1_FIELDS = frozenset({"key", "cards", "cores", "memory_mib", "meta", "reserve"})
+_LEDGER_FIELDS = frozenset({"cards", "allocations"})
+_CARD_FIELDS = frozenset({"index", "memory_mib"})
 _CONTAINER_FIELDS = ("pod_uid", "namespace", "pod", "container", "container_index", "init", "memory_units")
 _CLAIM_FIELDS = ("uid", "namespace", "name", "pod", "pod_uid", "request", "device", "share_id")
 _BIG = 1 << 40
 _SECONDS = 10**12
 _MAX_GUESS = 1 << 20
 _MAX_TEXT = 4096
+_MAX_ID = 256
 _MAX_IDS = 1 << 17  # an init container's IDs: at most 100 per card
+_MAX_CARD = 1024
 _MAX_META = 64
+# every whole number of the record: lo <= value < hi (one table for the constructors and both readers)
+BOUNDS: dict[str, tuple[int, int]] = {
+    "cores": (0, _BIG), "memory_mib": (0, _BIG), "created": (0, _SECONDS), "answered_memory_mib": (0, _BIG),
+    "guess_of": (2, _MAX_GUESS), "container_index": (0, 10**6), "memory_units": (0, 1 << 31),
+}
+
+
+def in_bounds(name: str, value: int) -> bool:
+    lo, hi = BOUNDS[name]
+    return lo <= value < hi
 
 
 def _clip(text: str, width: int = 80) -> str:
@@ -325,15 +407,35 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _whole(doc: Mapping[str, Any], name: str, where: str, lo: int, hi: int, default: int | None = None) -> int:
+def _check_whole(name: str, v: object) -> None:
+    lo, hi = BOUNDS[name]
+    if not _is_int(v) or not lo <= v < hi:  # type: ignore[operator]
+        raise LedgerError(f"{name} must be a whole number {lo}..{hi - 1}, got {_clip(repr(v), 40)}")
+
+
+def _check_text(name: str, v: object) -> None:
+    if not isinstance(v, str) or len(v) > _MAX_TEXT:
+        raise LedgerError(f"{name} must be text of at most {_MAX_TEXT} characters, got {_clip(repr(v), 40)}")
+
+
+def _build(where: str, make: Callable[[], _T]) -> _T:
+    """`make()`, its LedgerError told where in the document."""
+    try:
+        return make()
+    except LedgerError as e:
+        raise LedgerError(f"{where}: {e}") from None
+
+
+def _whole(doc: Mapping[str, Any], name: str, where: str, default: int | None = None) -> int:
     v = doc.get(name, default)
+    lo, hi = BOUNDS[name]
     if not _is_int(v) or not lo <= v < hi:
         raise LedgerError(f"{where}: {name} must be a whole number {lo}..{hi - 1}, got {_clip(repr(v), 40)}")
     return int(v)
 
 
-def _maybe_whole(doc: Mapping[str, Any], name: str, where: str, lo: int, hi: int) -> int | None:
-    return None if doc.get(name) is None else _whole(doc, name, where, lo, hi)
+def _maybe_whole(doc: Mapping[str, Any], name: str, where: str) -> int | None:
+    return None if doc.get(name) is None else _whole(doc, name, where)
 
 
 def _flag(doc: Mapping[str, Any], name: str, where: str, default: bool) -> bool:
@@ -351,8 +453,9 @@ def _text(doc: Mapping[str, Any], name: str, where: str, default: str | None = N
 
 
 def _ids(v: object, where: str) -> tuple[str, ...]:
-    if not isinstance(v, list) or len(v) > _MAX_IDS or not all(isinstance(d, str) and 0 < len(d) <= 256 for d in v):
-        raise LedgerError(f"{where}: ids must be a list of device IDs")
+    if not isinstance(v, list) or len(v) > _MAX_IDS \
+            or not all(isinstance(d, str) and 0 < len(d) <= _MAX_ID for d in v):
+        raise LedgerError(f"{where}: ids must be a list of at most {_MAX_IDS} device IDs of 1..{_MAX_ID} characters")
     return tuple(v)
 
 
@@ -377,44 +480,58 @@ def _holder_from(doc: object, where: str) -> Holder:
         raise LedgerError(f"{where}: unknown field holder.{_clip(unknown[0])}")
     at = f"{where}: holder"
     if kind == "claim":
-        return ClaimHolder(**{f: _text(doc, f, at, "" if f not in ("uid", "namespace", "name") else None)
-                              for f in _CLAIM_FIELDS})
-    return ContainerHolder(
+        texts = {f: _text(doc, f, at, "" if f not in ("uid", "namespace", "name") else None) for f in _CLAIM_FIELDS}
+        return _build(at, lambda: ClaimHolder(**texts))
+    container = ContainerHolder(
         pod_uid=_text(doc, "pod_uid", at), namespace=_text(doc, "namespace", at), pod=_text(doc, "pod", at),
-        container=_text(doc, "container", at), container_index=_whole(doc, "container_index", at, 0, 10**6, 0),
-        init=_flag(doc, "init", at, False), memory_units=_maybe_whole(doc, "memory_units", at, 0, 1 << 31))
+        container=_text(doc, "container", at), container_index=_whole(doc, "container_index", at, 0),
+        init=_flag(doc, "init", at, False), memory_units=_maybe_whole(doc, "memory_units", at))
+    return container
 
 
-# format version 1: the same facts as a map of strings; numbers the agent read must be ASCII numbers
-_META_NUMBERS = {"created": (r"[0-9]{1,12}(\.[0-9]{0,9})?", _SECONDS), "memory_units": (r"-?[0-9]{1,9}", 1 << 31),
-                 "container_index": (r"[0-9]{1,6}", 10**6), "answered_memory_mib": (r"[0-9]{1,12}", _BIG)}
+# format version 1: the same facts as a map of strings; numbers the agent read must be ASCII numbers. Every key
+# gpumgr 1 wrote, and where it goes (`V1_META` is the whole mapping: a key not in it is refused, not dropped)
+_META_NUMBERS = {"created": r"[0-9]{1,12}(\.[0-9]{0,9})?", "memory_units": r"-?[0-9]{1,10}",
+                 "container_index": r"[0-9]{1,7}", "answered_memory_mib": r"[0-9]{1,13}",
+                 "guess_of": r"[0-9]{1,7}"}
+V1_META = frozenset({*_META_NUMBERS, "pod_uid", "namespace", "pod", "container", "init", "verified", "rides_on",
+                     "ids", "claim", "claim_uid", "front_end", "request", "device", "share_id"})
 
 
-def _from_meta(base: Allocation, meta: object, where: str) -> Allocation:
-    """A format version 1 allocation (its labels a map of strings) as the typed record."""
+def _from_meta(base: dict[str, Any], meta: object, where: str, reserve: bool) -> Allocation:
+    """A format version 1 allocation (its labels a map of strings) as the typed record, built through the same
+    constructors (and so the same bounds) as a version 2 one."""
     if not isinstance(meta, dict) or len(meta) > _MAX_META or not all(isinstance(v, str) for v in meta.values()):
         raise LedgerError(f"{where}: meta must be an object of at most {_MAX_META} text values")
+    unknown = sorted(str(k) for k in meta if k not in V1_META)
+    if unknown:
+        raise LedgerError(f"{where}: unknown field meta.{_clip(unknown[0])}")
     numbers: dict[str, int | None] = {}
-    for name, (pattern, _hi) in _META_NUMBERS.items():
+    for name, pattern in _META_NUMBERS.items():
         text = meta.get(name)
         if text is not None and not re.fullmatch(pattern, text, flags=re.ASCII):
             raise LedgerError(f"{where}: meta.{name} must be an ASCII number, got {_clip(repr(text), 40)}")
-        numbers[name] = int(float(text)) if text else None
-    units = numbers["memory_units"]
-    guess = meta.get("guess_of")
+        # whole seconds of `created` by its digits (a float would round 999999999999.9999 up past the bound)
+        numbers[name] = int(text.partition(".")[0]) if text else None
+    units, guess = numbers["memory_units"], numbers["guess_of"]
+    text = {k: v for k, v in meta.items() if k not in _META_NUMBERS}
+    at = f"{where}: meta"
     holder: Holder | None = None
-    if meta.get("claim") or meta.get("front_end") == "dra":
-        ns, _, name = meta.get("claim", "").partition("/")
-        holder = ClaimHolder(uid=meta.get("claim_uid", ""), namespace=ns or meta.get("namespace", ""), name=name,
-                             pod=meta.get("pod", ""), pod_uid=meta.get("pod_uid", ""), request=meta.get("request", ""),
-                             device=meta.get("device", ""), share_id=meta.get("share_id", ""))
-    elif meta.get("pod_uid") or meta.get("pod"):
-        holder = ContainerHolder(pod_uid=meta.get("pod_uid", ""), namespace=meta.get("namespace", ""),
-                                 pod=meta.get("pod", ""), container=meta.get("container", ""),
-                                 container_index=numbers["container_index"] or 0, init=meta.get("init") == "true",
-                                 memory_units=units if units is not None and units >= 0 else None)
-    return replace(base, holder=holder, verified=meta.get("verified") == "true", rides_on=meta.get("rides_on") or None,
-                   ids=tuple(d for d in meta.get("ids", "").split(",") if d), created=numbers["created"],
-                   answered_memory_mib=numbers["answered_memory_mib"],
-                   guess_of=(int(guess) if guess.isascii() and guess.isdigit() and int(guess) > 1 else 2)
-                   if guess is not None else None)
+    if text.get("claim") or text.get("front_end") == "dra":
+        ns, _, name = text.get("claim", "").partition("/")
+        holder = _build(at, lambda: ClaimHolder(
+            uid=text.get("claim_uid", ""), namespace=ns or text.get("namespace", ""), name=name,
+            pod=text.get("pod", ""), pod_uid=text.get("pod_uid", ""), request=text.get("request", ""),
+            device=text.get("device", ""), share_id=text.get("share_id", "")))
+    elif text.get("pod_uid") or text.get("pod"):
+        holder = _build(at, lambda: ContainerHolder(
+            pod_uid=text.get("pod_uid", ""), namespace=text.get("namespace", ""), pod=text.get("pod", ""),
+            container=text.get("container", ""), container_index=numbers["container_index"] or 0,
+            init=text.get("init") == "true", memory_units=units if units is not None and units >= 0 else None))
+    return _build(at, lambda: Allocation(
+        **base, holder=holder, verified=text.get("verified") == "true", reserve=reserve,
+        rides_on=text.get("rides_on") or None,
+        ids=tuple(d for d in text.get("ids", "").split(",") if d), created=numbers["created"],
+        answered_memory_mib=numbers["answered_memory_mib"],
+        # gpumgr 1 wrote guess_of only for a guess among two or more
+        guess_of=None if guess is None else max(2, guess)))

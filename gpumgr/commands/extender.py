@@ -13,6 +13,8 @@ from gpumgr.extender.body import (  # the defaults of Limits; a light module (no
     DEFAULT_MAX_CONNECTIONS,
 )
 
+DRA_CLAIMS = ("auto", "on", "off")  # gpumgr.extender.server.DRA_CLAIMS
+DRA_DRIVER = "vgpu.gpumgr.io"
 POLICIES = ("binpack", "spread")  # gpumgr.extender.score.POLICIES, without importing it at start-up
 DEFAULT_SCHEDULER = "gpumgr-scheduler"  # gpumgr.extender.binder.DEFAULT_SCHEDULER
 AUTH_FLAGS = "--tls-cert-file, --tls-key-file and --client-ca-file"
@@ -83,16 +85,29 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    default=env_default("--leader-elect-retry-period", RETRY_PERIOD),
                    help="seconds between renewals and attempts; the renew deadline is at least 1.2 times it "
                    f"(default {RETRY_PERIOD})")
+    p.add_argument("--dra-claims", default=env_default("--dra-claims", "auto"), metavar="auto|on|off",
+                   help="count allocated DRA ResourceClaims of --dra-driver-name on the cards (nodes that run "
+                   "`gpumgr run --mode both`): auto (the default) watches resource.k8s.io/v1 resourceclaims and "
+                   "stops, with one log line, when the API server does not serve them; on keeps retrying; off "
+                   "does not watch them")
+    p.add_argument("--dra-driver-name", default=env_default("--dra-driver-name", DRA_DRIVER), metavar="NAME",
+                   help=f"the DRA driver whose claims are counted (default {DRA_DRIVER}; as `gpumgr run`)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import re
+
     from gpumgr.docfile import InputError
 
     host, port = parse_listen(args.listen)
     if args.policy not in POLICIES:
         raise InputError(f"--policy {args.policy!r}: expected one of {', '.join(POLICIES)}")
     check_log_level(args.log_level)
+    if args.dra_claims not in DRA_CLAIMS:
+        raise InputError(f"--dra-claims {args.dra_claims[:40]!r}: expected one of {', '.join(DRA_CLAIMS)}")
+    if not 0 < len(args.dra_driver_name) <= MAX_NAME or not re.fullmatch(DNS_SUBDOMAIN, args.dra_driver_name):
+        raise InputError(f"--dra-driver-name {args.dra_driver_name[:60]!r}: expected a lowercase DNS name")
     if args.kubeconfig:
         from pathlib import Path
 
@@ -206,7 +221,6 @@ def _tls(args: argparse.Namespace) -> Any:
 async def _serve(args: argparse.Namespace, prefix: str, host: str, port: int, limits: Any, tls: Any,
                  probe: tuple[str, int] | None, election: Any) -> int:
     import asyncio
-    import gc
     import logging
 
     from gpumgr.extender.server import ExtenderServer
@@ -215,7 +229,8 @@ async def _serve(args: argparse.Namespace, prefix: str, host: str, port: int, li
     kubeconfig = args.kubeconfig
     server = ExtenderServer(kubeconfig, policy=args.policy, prefix=prefix, limits=limits, tls=tls,
                             insecure=args.insecure_serve_without_auth, scheduler_name=args.scheduler_name,
-                            probe=probe, election=election)
+                            probe=probe, election=election, dra_claims=args.dra_claims,
+                            dra_driver=args.dra_driver_name)
     stop = stop_on_signals()
     try:
         await server.start(host, port)
@@ -233,10 +248,9 @@ async def _serve(args: argparse.Namespace, prefix: str, host: str, port: int, li
         stopper = asyncio.ensure_future(stop.wait())
         await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if waiter.done() and waiter.exception() is None:
-            gc.freeze()  # the cluster view is long-lived: keep the collector off it
             log.info("cluster view synced: %d nodes", len(server.view.nodes))
         elif waiter.done():
-            log.error("no list of nodes and pods within %.0f s; is the API server reachable?", READY_TIMEOUT)
+            log.error("no list of nodes, pods (and claims) within %.0f s; is the API server reachable?", READY_TIMEOUT)
             stopper.cancel()
             return 1
         else:

@@ -118,9 +118,9 @@ class DraFrontEnd:
 async def start_dra(agent: Any, cfg: DraConfig | None = None) -> DraFrontEnd:
     """Start the DRA front end over the agent's node core. `cfg` defaults to the agent config's DRA settings."""
     state: NodeState = agent.state
-    service = getattr(agent, "service", None)
-    layout = getattr(service, "layout", None) or agent.layout
-    vdevices = getattr(service, "vdevices", None) or agent.vdevices
+    layout, vdevices = agent.layout, agent.vdevices  # the agent's, shared with the device-plugin front end
+    if layout is None or vdevices is None:
+        raise RuntimeError("start_dra: the agent has not built its vDevice layout and manager yet")
     fe = DraFrontEnd(cfg or from_agent_config(agent.config), state, layout, vdevices, DraKube(agent.kube.api_client))
     await fe.start()
     return fe

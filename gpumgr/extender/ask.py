@@ -34,7 +34,10 @@ def pod_ask(pod: Mapping[str, Any]) -> PodAsk:
         choices = pod_choices_of(pod)
     except ChoiceError as e:  # refused on every node, with the annotation and the fix named
         choices, invalid = NO_CHOICES, invalid or str(e)
-    accepted, refused = podspec.model_filter(pod)
+    try:
+        accepted, refused = podspec.model_filter(pod)
+    except ValueError as e:  # a list too long to match cheaply: refused on every node, the annotation named
+        accepted, refused, invalid = [], [], invalid or str(e)
     acc = tuple(sorted({m.lower() for m in accepted}))
     ref = tuple(sorted({m.lower() for m in refused}))
     key = (";".join(f"{c.cores}/{c.memory_units}" for c in containers) + "|" + ",".join(acc) + "|" + ",".join(ref)

@@ -24,7 +24,9 @@ from typing import Any
 from gpumgr import podspec
 from gpumgr.allocator import HUNDRED, Allocation, Ledger
 from gpumgr.allocator.fragment import rank_every_set, rank_free
+from gpumgr.allocator.ledger import CLAIM_PREFIX, ClaimHolder, LedgerError
 from gpumgr.choices import ANN_CORDON, allowed_cards, node_cordon
+from gpumgr.dra_results import DriverResult
 from gpumgr.extender.ask import PodAsk, pod_uid
 from gpumgr.extender.claims import FINISHED, Claim, pod_claim
 from gpumgr.extender.fit import Fit, fast_place, packing, place, quick_check, static_check, with_packing
@@ -43,6 +45,7 @@ class ClusterView:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeState] = {}
         self.synced: set[str] = set()  # "nodes", "pods" once their first list is in
+        self.needs = {"nodes", "pods"}  # the lists the view waits for before it is ready ("resourceclaims" too)
         self._node_text: dict[str, bytes | None] = {}  # digest of each node's inventory annotation
         self._node_cordon: dict[str, bytes | None] = {}  # digest of each node's gpumgr.io/cordoned-gpus
         self._shapes: dict[tuple[object, ...], Shape] = {}
@@ -60,10 +63,13 @@ class ClusterView:
         # (shape, healthy free cards, ask, cards) -> the cards a one-container whole-card pod takes (None: none)
         self._classes: dict[tuple[object, ...], tuple[tuple[int, ...], ...] | None] = {}
         self._statics: dict[tuple[int, str], tuple[tuple[bool, ...], Fit | None]] = {}
+        # allocated DRA claims of our driver: claim UID -> node -> its results there; and node -> claim UIDs
+        self._dra: dict[str, DraClaim] = {}
+        self._dra_at: dict[str, set[str]] = {}
 
     @property
     def ready(self) -> bool:
-        return {"nodes", "pods"} <= self.synced
+        return self.needs <= self.synced
 
     # -- nodes ----------------------------------------------------------------------------------------------
     def set_node(self, name: str, inventory_text: str | None, cordon_text: str | None = None) -> None:
@@ -86,6 +92,8 @@ class ClusterView:
         for uid in sorted(self._wanted.get(name, ())):
             self._applied.pop(uid, None)
             self._reconcile(uid)
+        for uid in sorted(self._dra_at.get(name, ())):
+            self._hold_claim(uid, name)
 
     def remove_node(self, name: str) -> None:
         self.nodes.pop(name, None)
@@ -194,6 +202,79 @@ class ClusterView:
         uid = self._by_name.get((namespace, name))
         stored = self._pods.get(uid) if uid else None
         return json.loads(stored[2]) if stored is not None else None
+
+    # -- DRA claims -----------------------------------------------------------------------------------------
+    def set_claim(self, uid: str, namespace: str, name: str, results: tuple[DriverResult, ...]) -> None:
+        """A ResourceClaim was added or changed: `results` are its allocation's results of our driver (empty:
+        it holds nothing of ours, or no longer). Each becomes a holding `dra/<uid>/<n>` on its node's card, as the
+        node's ledger has it; a claim on a node not known yet is counted when the node arrives."""
+        per_node: dict[str, tuple[DriverResult, ...]] = {}
+        for r in results:
+            per_node[r.pool] = (*per_node.get(r.pool, ()), r)
+        old = self._dra.get(uid)
+        if old is not None and old.per_node == per_node:
+            return  # most changes of a claim (reservedFor, conditions) leave the allocation alone
+        self.remove_claim(uid)
+        if not per_node:
+            return
+        self._dra[uid] = DraClaim(namespace=namespace, name=name, per_node=per_node)
+        for node_name in per_node:
+            self._dra_at.setdefault(node_name, set()).add(uid)
+            self._hold_claim(uid, node_name)
+
+    def remove_claim(self, uid: str) -> None:
+        old = self._dra.pop(uid, None)
+        if old is None:
+            return
+        for node_name in old.per_node:
+            uids = self._dra_at.get(node_name)
+            if uids is not None:
+                uids.discard(uid)
+                if not uids:
+                    del self._dra_at[node_name]
+            node = self.nodes.get(node_name)
+            if node is not None:
+                node.drop(CLAIM_PREFIX + uid)
+
+    def replace_claims(self, claims: Iterable[tuple[str, str, str, tuple[DriverResult, ...]]]) -> None:
+        """The full list of claims (after a list or re-list): (uid, namespace, name, results) each."""
+        claims = [c for c in claims if c[3]]
+        seen = {c[0] for c in claims}
+        for uid in [u for u in self._dra if u not in seen]:
+            self.remove_claim(uid)
+        for c in claims:
+            self.set_claim(*c)
+        self.synced.add("resourceclaims")
+        if self.ready:
+            self.refresh()
+
+    def claims_on(self, node_name: str) -> list[str]:
+        """UIDs of the DRA claims counted (or waiting to be) on the node."""
+        return sorted(self._dra_at.get(node_name, ()))
+
+    def _hold_claim(self, uid: str, node_name: str) -> None:
+        """Put the claim's results on `node_name` into its ledger (a holding that conflicts with others waits,
+        as a pod's does: the cluster says it is allocated, the view may be behind). Results the node cannot have
+        (no such card, more memory than the card has) make the node refuse the claim: then it holds nothing."""
+        claim = self._dra.get(uid)
+        node = self.nodes.get(node_name)
+        if claim is None or node is None or node.shape is None:
+            return
+        cards = node.shape.memory_mib
+        allocs = []
+        try:
+            holder = ClaimHolder(uid=uid, namespace=claim.namespace, name=claim.name)
+            for r in claim.per_node.get(node_name, ()):
+                if r.index >= len(cards) or (r.memory_mib is not None and r.memory_mib > cards[r.index]):
+                    raise LedgerError(f"node {node_name} has no room for gpu-{r.index} ({r.memory_mib} MiB)")
+                memory = cards[r.index] if r.memory_mib is None else r.memory_mib
+                allocs.append(Allocation(key=f"{CLAIM_PREFIX}{uid}/{r.n}", cards=(r.index,), cores=r.cores,
+                                         memory_mib=memory, holder=holder, verified=True))
+        except LedgerError as e:
+            log.warning("claim %s/%s: %s; not counted (the node refuses it too)", claim.namespace, claim.name, e)
+            node.drop(CLAIM_PREFIX + uid)
+            return
+        node.hold(CLAIM_PREFIX + uid, allocs)
 
     # -- assumptions (bind) ---------------------------------------------------------------------------------
     def assume(self, uid: str, node: str, allocs: list[Allocation], predicate_time: str) -> None:
@@ -560,6 +641,13 @@ class Plan:
         if placed not in self.worsts:  # the same few sets on many nodes
             self.worsts[placed] = max((self.shape.topology.worst(c) for c in placed if len(c) > 1), default=None)
         return Fit.placed_at(placed, self.worsts[placed], p)
+
+
+@dataclass(frozen=True)
+class DraClaim:
+    namespace: str
+    name: str
+    per_node: dict[str, tuple[DriverResult, ...]]  # node (the result's pool) -> its results there
 
 
 @dataclass(frozen=True)

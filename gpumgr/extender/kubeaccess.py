@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 5.0
 CALL_TIMEOUT = 10.0  # read timeout of one get, patch, bind or list page
-POOL_SIZE = 4  # HTTP connections of the kubernetes client (two watches, their re-lists)
+POOL_SIZE = 6  # HTTP connections of the kubernetes client (three watches, their re-lists)
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -62,18 +62,43 @@ class KubeAccess:
 
     # -- blocking, for the watcher threads ------------------------------------------------------------------
     def list_page(self, resource: str, limit: int, cont: str | None) -> dict[str, Any]:
-        fn = self.core.list_node if resource == "nodes" else self.core.list_pod_for_all_namespaces
         kwargs: dict[str, Any] = {"limit": limit}
         if cont:
             kwargs["_continue"] = cont
-        return _json(self._call(fn, _request_timeout=(CONNECT_TIMEOUT, 60.0), _preload_content=False, **kwargs))
+        return _json(self._call(self._lister(resource), _request_timeout=(CONNECT_TIMEOUT, 60.0),
+                                _preload_content=False, **kwargs))
 
     def open_watch(self, resource: str, resource_version: str, timeout_seconds: int) -> Any:
         """A streaming response of watch events (one JSON object per line)."""
-        fn = self.core.list_node if resource == "nodes" else self.core.list_pod_for_all_namespaces
-        return self._call(fn, watch=True, resource_version=resource_version, allow_watch_bookmarks=True,
-                          timeout_seconds=timeout_seconds, _preload_content=False,
+        return self._call(self._lister(resource), watch=True, resource_version=resource_version,
+                          allow_watch_bookmarks=True, timeout_seconds=timeout_seconds, _preload_content=False,
                           _request_timeout=(CONNECT_TIMEOUT, timeout_seconds + 30.0))
+
+    def _lister(self, resource: str) -> Callable[..., Any]:
+        if resource == "nodes":
+            return self.core.list_node  # type: ignore[no-any-return]
+        if resource == "pods":
+            return self.core.list_pod_for_all_namespaces  # type: ignore[no-any-return]
+        if resource == "resourceclaims":
+            from kubernetes import client
+
+            api = getattr(client, "ResourceV1Api", None)  # kubernetes >= 34; older clients: the plain path
+            if api is not None:
+                return api(self.api_client).list_resource_claim_for_all_namespaces  # type: ignore[no-any-return]
+            return self._list_claims_by_path
+        raise ValueError(f"no list for {resource!r}")
+
+    def _list_claims_by_path(self, **kwargs: Any) -> Any:
+        """kubernetes 30..33 (no ResourceV1Api): the same call through the client's generic `call_api`."""
+        query = [(k.lstrip("_").replace("resource_version", "resourceVersion")
+                  .replace("allow_watch_bookmarks", "allowWatchBookmarks")
+                  .replace("timeout_seconds", "timeoutSeconds"), v)
+                 for k, v in kwargs.items() if not k.startswith("_") or k == "_continue"]
+        return self.api_client.call_api(
+            "/apis/resource.k8s.io/v1/resourceclaims", "GET", query_params=query,
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"], response_type=None,
+            _return_http_data_only=True, _preload_content=kwargs.get("_preload_content", False),
+            _request_timeout=kwargs.get("_request_timeout"))
 
     @staticmethod
     def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

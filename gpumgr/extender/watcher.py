@@ -7,6 +7,10 @@ Objects are reduced in the thread (`transform`, None = not interesting) and deli
 
 `relist()` (a new leader making its view current) ends the watch and lists again at once; what it returns
 completes once that list has been handed to the loop.
+
+With `optional=True` a 404 (the API server does not serve the resource, e.g. no resource.k8s.io/v1) or a 403
+(the service account may not read it: the chart grants DRA rules only where DRA is on) is logged once, hands the
+loop an empty list, and ends the watcher: no retries; a relist then completes at once.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ BACKOFF_FIRST, BACKOFF_MAX = 0.2, 10.0
 class Watcher:
     def __init__(self, access: KubeAccess, resource: str, loop: asyncio.AbstractEventLoop,
                  transform: Callable[[dict[str, Any]], Any],
-                 on_list: Callable[[list[Any]], None], on_event: Callable[[str, Any], None]):
+                 on_list: Callable[[list[Any]], None], on_event: Callable[[str, Any], None], *,
+                 optional: bool = False):
         self.access = access
         self.resource = resource
         self._loop = loop
@@ -45,6 +50,8 @@ class Watcher:
         self._lock = threading.Lock()
         self._waiting: list[asyncio.Future[None]] = []  # relist() callers, completed after the next list
         self._resp: Any = None
+        self.optional = optional
+        self.absent = False  # the API does not serve the resource: the watcher has ended
         self._thread = threading.Thread(target=self._run, name=f"gpumgr-extender-watch-{resource}", daemon=True)
 
     def start(self) -> None:
@@ -60,6 +67,9 @@ class Watcher:
         """List again now (on the loop); the future completes once the new list is in the view."""
         fut: asyncio.Future[None] = self._loop.create_future()
         with self._lock:
+            if self.absent:
+                fut.set_result(None)
+                return fut
             self._waiting.append(fut)
         self._relist.set()
         self._wake.set()
@@ -85,6 +95,9 @@ class Watcher:
             except ApiCallError as e:
                 if self._stop.is_set():
                     return
+                if e.status in (403, 404) and self.optional:
+                    self._give_up(e)
+                    return
                 log.warning("watch %s: %s; listing again in %.1fs", self.resource, e, backoff)
             except Exception:  # noqa: BLE001 - keep the cache alive whatever one event did
                 if self._stop.is_set():
@@ -93,6 +106,16 @@ class Watcher:
             self._wake.wait(backoff)
             self._wake.clear()
             backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _give_up(self, e: ApiCallError) -> None:
+        why = "does not serve" if e.status == 404 else "does not let this service account list"
+        log.info("the API server %s %s (%s): not watched", why, self.resource, e)
+        with self._lock:
+            self.absent = True
+            waiting, self._waiting = self._waiting, []
+        self._post(self._on_list, [])
+        if waiting:
+            self._post(_complete, waiting)
 
     def _list(self) -> str:
         with self._lock:

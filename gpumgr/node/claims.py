@@ -5,13 +5,16 @@ never frees, adopts or repairs them."""
 from __future__ import annotations
 
 from gpumgr.allocator import Allocation, Ledger
+from gpumgr.allocator.ledger import CLAIM_PREFIX
 from gpumgr.vdevice.layout import allocation_key
 
-LEDGER_PREFIX = "dra/"  # ledger allocation keys of claims: dra/<claim uid>/<result index>
+# ledger allocation keys of claims: dra/<claim uid>/<result index>. `Allocation` refuses a claim holder under any
+# other key and any other holder under this prefix, so the key and the holder type say the same thing
+LEDGER_PREFIX = CLAIM_PREFIX
 
 
 def is_claim(a: Allocation) -> bool:
-    return a.key.startswith(LEDGER_PREFIX)
+    return a.is_claim
 
 
 def claim_keys(ledger: Ledger, uid: str) -> list[str]:

@@ -44,6 +44,10 @@ async def sweep_orphans(state: NodeState, layout: VDeviceLayout, manager: VDevic
             continue
         if key not in running and layout.age_s(key) < ORPHAN_DIR_AGE_S:
             continue
+        # asked again right before stopping: each earlier stop yields to the event loop, and an Allocate may have
+        # handed this directory out meanwhile (`layout.prepare` also makes it young again)
+        if key in held_keys(state.ledger):
+            continue
         await manager.stop(key)
         removed += 1
     return removed

@@ -132,7 +132,6 @@ def serve_cluster(nodes: int, conn: Any) -> None:
 
 
 async def latency(nodes: int, rounds: int) -> None:
-    import gc
     import multiprocessing
 
     import aiohttp
@@ -156,7 +155,6 @@ async def latency(nodes: int, rounds: int) -> None:
             t0 = time.perf_counter()
             port = await server.start("127.0.0.1", 0)
             await server.wait_ready(600)
-            gc.freeze()  # as `gpumgr extender` does once synced
             print(f"extender synced (paged list of nodes and pods) in {time.perf_counter() - t0:.1f} s")
             await _rounds(f"http://127.0.0.1:{port}/gpumgr", api_url, names, rounds, rng, aiohttp)
             await server.stop()
@@ -294,11 +292,13 @@ async def hostile(kubeconfig: Path, names: list[str], rounds: int) -> None:
             peak = _hwm_kib(proc.pid)
         print(f"hostile load: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))} requests/connections "
               f"during the run (largest allowed body {DEFAULT_MAX_BODY} bytes)")
-        print(f"filter ({len(names)} NodeNames) under hostile load: {_latencies(lat)}   goal p99 <= 50 ms: "
-              f"{'met' if lat and pct(lat, 99) <= 0.050 else 'NOT met'}; {busy}")
-        print(f"  the same, attackers in a process of their own ("
+        # The goal is judged with the attackers in a process of their own: in-process attackers share the measuring
+        # client's event loop (and GIL), so their sending inflates the client's own timings, not the extender's.
+        print(f"filter ({len(names)} NodeNames) under hostile load, attackers in a process of their own ("
               f"{', '.join(f'{k} {v}' for k, v in sorted(counts2.items()))}): {_latencies(lat2)}   goal p99 <= "
               f"50 ms: {'met' if lat2 and pct(lat2, 99) <= 0.050 else 'NOT met'}; {busy2}")
+        print(f"  the same, attackers on the measuring client's own event loop (inflates the client's timings; for "
+              f"comparison with earlier runs): {_latencies(lat)}; {busy}")
         print(f"extender peak RSS (VmHWM): {peak / 1024:.0f} MiB (after sync {synced / 1024:.0f} MiB)   "
               f"chart limit {CHART_LIMIT_MIB} MiB: {'under' if peak < CHART_LIMIT_MIB * 1024 else 'OVER'}")
     finally:

@@ -30,6 +30,7 @@ def test_default_extender() -> None:
         "leader-elect": None,
         "leader-elect-lease-name": EXTENDER,
         "leader-elect-namespace": NAMESPACE,
+        "dra-claims": "off",  # agent.mode device-plugin: no claims to count, and no RBAC to read them
     }
 
 
@@ -108,3 +109,9 @@ def test_node_port_service() -> None:
 def test_extender_placement() -> None:
     pod = render(VARIANTS["custom-placement"]).get("Deployment", EXTENDER)["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+
+
+def test_the_extender_counts_dra_claims_only_where_the_agent_serves_them() -> None:
+    for variant in ("dra", "both"):
+        c = container(render(VARIANTS[variant]).get("Deployment", EXTENDER), "extender")
+        assert flags(c["args"])["dra-claims"] == "on", variant

@@ -139,3 +139,11 @@ def test_rbac_and_service_accounts_can_be_left_to_the_operator() -> None:
 def service_account_name(rendered: Rendered, kind: str, component: str) -> str:
     name: str = rendered.get(kind, f"{PREFIX}-{component}")["spec"]["template"]["spec"]["serviceAccountName"]
     return name
+
+
+@pytest.mark.parametrize("mode", ["dra", "both"])
+def test_extender_reads_resource_claims_where_dra_is_on(mode: str) -> None:
+    """In dra/both mode the extender counts allocated claims (--dra-claims auto): read-only, nothing more."""
+    rules = render({"agent": {"mode": mode}}).get("ClusterRole", f"{PREFIX}-extender")["rules"]
+    claims = {("resource.k8s.io", "resourceclaims", verb) for verb in ("get", "list", "watch")}
+    assert grants(rules) == EXTENDER | claims

@@ -24,7 +24,7 @@ async def test_start_dra_from_an_agent_object(node: DraNode):
     state = NodeState(NODE, node.inventory, CheckpointStore(root / "ckpt"))
     vdevices = VDeviceManager(node.layout)
     agent = SimpleNamespace(config=cfg, state=state, kube=SimpleNamespace(api_client=node.api_client),
-                            service=SimpleNamespace(layout=node.layout, vdevices=vdevices))
+                            layout=node.layout, vdevices=vdevices)
     fe = await start_dra(agent)
     try:
         assert fe.cfg.socket == root / "plugins" / DRIVER_NAME / "dra.sock"

@@ -109,3 +109,29 @@ async def test_static_pods_known_to_the_kubelet_by_their_mirror_uid():
         assert a.verified and a.pod_uid == pod["metadata"]["uid"]
         report = await reconcile(node.agent.service, True, 60, "periodic")
         assert report.restored == 0 and report.freed_gone == 0 and len(node.agent.state.ledger.allocations) == 1
+
+
+async def test_a_static_pods_mirror_recreated_under_a_new_uid_keeps_the_share_it_runs_on():
+    """The API server may delete a static pod's mirror pod and make a new one (new UID, same config.mirror): the
+    static pod runs on; the kubelet still records its devices under config.mirror, so nothing is freed."""
+    from gpumgr.agent.reconcile import reconcile
+    from gpumgr.kube.pod_cache import MIRROR
+    from gpumgr.sim.kubelet import ContainerRequest
+
+    async with sim_node("gtx1080ti") as node:
+        static_uid = "0a1b2c3d4e5f60718293a4b5c6d7e8f9"
+        node.create_pod("static-gpu", [("main", 30, 4)], annotations={MIRROR: static_uid})
+        await node.kubelet.admit_pod(static_uid, [ContainerRequest("main", {CORE: 30, "tencent.com/vcuda-memory": 4})])
+        node.api.store.set_pod_phase("default", "static-gpu", "Running")
+        (key,) = node.agent.state.ledger.allocations
+        await node.delete_pod("static-gpu")
+        again = node.create_pod("static-gpu", [("main", 30, 4)], annotations={MIRROR: static_uid})
+        node.api.store.set_pod_phase("default", "static-gpu", "Running")
+        for _ in range(500):  # the watch has seen the old mirror deleted and the new one
+            if node.agent.pods.get(again["metadata"]["uid"]) is not None:
+                break
+            await asyncio.sleep(0.01)
+        for why, full in (("pods changed", False), ("periodic", True), ("pods changed", False)):
+            report = await reconcile(node.agent.service, True, 60, why, full=full)
+            assert report.freed_gone == 0 and key in node.agent.state.ledger.allocations, (why, report.summary())
+        assert node.agent.state.ledger.held_by(key).pod_uid == again["metadata"]["uid"]
