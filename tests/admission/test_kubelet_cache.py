@@ -41,3 +41,13 @@ def test_a_stamp_taken_well_after_the_mtime_is_trusted_and_fresh_reads_past_it(t
     assert cache.read().registered_devices[CORE] == ("id-a",) and cache.reads == 1  # one stat, no parse
     path.write_bytes(payload("id-b"))
     assert cache.read(fresh=True).registered_devices[CORE] == ("id-b",)  # what the owner lookup does after a miss
+
+
+def test_a_young_file_read_again_with_the_same_bytes_is_not_parsed_again(tmp_path):
+    path = tmp_path / "kubelet_internal_checkpoint"
+    path.write_bytes(payload("id-a"))
+    cache = KubeletCheckpointCache(path, stat=forged(NOW - RACY_S / 2), clock=lambda: NOW)
+    first = cache.read()
+    assert cache.read() is first and cache.reads == 1  # read (racy), same bytes: the parse is kept
+    path.write_bytes(payload("id-b"))
+    assert cache.read().registered_devices[CORE] == ("id-b",) and cache.reads == 2
