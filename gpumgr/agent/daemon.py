@@ -42,6 +42,7 @@ log = logging.getLogger("gpumgr.agent")
 
 POD_SYNC_TIMEOUT_S = 30.0
 CORDON_REFRESH_S = 15.0  # how often the node's gpumgr.io/cordoned-gpus is read
+CORDON_FIRST_READ_S = 5.0  # the first read at start, bounded: Allocate waits for the start to finish
 
 
 class Agent:
@@ -66,10 +67,11 @@ class Agent:
         self.mode = mode_of(config)  # device-plugin, dra or both (gpumgr run --mode)
         self.dra: DraFrontEnd | None = None
         self.cordon: CordonWatch | None = None
+        self._handing_out: asyncio.Event | None = None  # set once the ledger may be handed out (device plugins)
 
     @property
     def ready(self) -> bool:
-        if not self.started:
+        if not self.started or (self._handing_out is not None and not self._handing_out.is_set()):
             return False
         return self.mode == "dra" or (self.supervisor is not None and self.supervisor.ready)
 
@@ -132,13 +134,18 @@ class Agent:
                            PluginServicer(self.service, "m", podspec.RESOURCE_MEMORY, ready=handing_out)),
             ], on_register=self._on_register)
             await self.supervisor.start()
-        await self.refresh_cordon()
-        synced = await self.pods.wait_synced(POD_SYNC_TIMEOUT_S)
-        if not synced:
-            log.error("pods on node %s not listed within %.0fs; carrying on, freeing nothing until they are",
-                      cfg.node_name, POD_SYNC_TIMEOUT_S)
-        await reconcile(self.service, self.pods.synced, cfg.grace_s, "start")
-        handing_out.set()
+        self._handing_out = handing_out
+        # the cordon read is bounded: a hung API server must not hold the calls that wait for `handing_out`
+        _, synced = await asyncio.gather(self._first_cordon(), self.pods.wait_synced(POD_SYNC_TIMEOUT_S))
+        if synced:
+            await reconcile(self.service, self.pods.synced, cfg.grace_s, "start")
+            handing_out.set()
+        else:
+            # Without the node's pods the start-up reconcile cannot restore what the kubelet holds but our
+            # checkpoint lacks, so handing out cards now could double-book them: wait for the list.
+            log.error("pods on node %s not listed within %.0fs; GPU allocations are refused (UNAVAILABLE) until "
+                      "they are listed and the start-up reconcile has run", cfg.node_name, POD_SYNC_TIMEOUT_S)
+            self._tasks.append(asyncio.create_task(self._hand_out_once_synced(handing_out)))
         if self.mode != "device-plugin":  # DRA claims come in through the same ledger, vDevice servers and health
             from gpumgr.dra.frontend import start_dra
 
@@ -148,6 +155,22 @@ class Agent:
         for background in (self._reconcile_loop(), self._publish_loop(), self._cordon_loop()):
             self._tasks.append(asyncio.create_task(background))
         self.started = True
+
+    async def _first_cordon(self) -> None:
+        try:
+            await asyncio.wait_for(self.refresh_cordon(), CORDON_FIRST_READ_S)
+        except TimeoutError:
+            log.warning("reading node %s for its GPU cordon took over %.0fs; read again later", self.config.node_name,
+                        CORDON_FIRST_READ_S)
+
+    async def _hand_out_once_synced(self, handing_out: asyncio.Event) -> None:
+        assert self.service is not None and self.pods is not None
+        while not await self.pods.wait_synced(POD_SYNC_TIMEOUT_S):
+            log.error("pods on node %s still not listed; GPU allocations stay refused", self.config.node_name)
+        await reconcile(self.service, self.pods.synced, self.config.grace_s, "start")
+        handing_out.set()
+        log.info("pods on node %s listed and the start-up reconcile done: GPU allocations are served",
+                 self.config.node_name)
 
     async def _reconcile_loop(self) -> None:
         assert self.service is not None and self.pods is not None

@@ -16,7 +16,9 @@ from gpumgr.pb import deviceplugin_pb2_grpc as pb_grpc
 
 log = logging.getLogger("gpumgr.deviceplugin")
 
-READY_WAIT_S = 60.0  # how long a call waits for the agent to finish starting before it is refused
+# How long a call waits for the agent to finish starting before it is refused: under the kubelet's 30 s deadline
+# for PreStartContainer, and short because the kubelet admits pods one at a time while it waits for Allocate.
+READY_WAIT_S = 25.0
 
 
 class PluginServicer(pb_grpc.DevicePluginServicer):
@@ -31,14 +33,23 @@ class PluginServicer(pb_grpc.DevicePluginServicer):
         self.kind = kind
         self.resource = resource
         self.ready = ready
+        self._told_waiting = False
 
     async def _until_ready(self, context: grpc.aio.ServicerContext) -> None:
         if self.ready is None or self.ready.is_set():
             return
+        if not self._told_waiting:
+            self._told_waiting = True
+            log.warning("%s: calls wait for the agent to finish starting (the node's pods listed, the start-up "
+                        "reconcile done)", self.resource)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.ready.wait(), READY_WAIT_S)
         if not self.ready.is_set():
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.resource}: the agent is still starting")
+            log.error("%s: refused a call after waiting %.0fs: the agent is still starting (see the log for why the "
+                      "node's pods are not listed)", self.resource, READY_WAIT_S)
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"{self.resource}: the gpumgr agent is still starting (the node's pods are not "
+                                "listed yet); the kubelet retries")
 
     def options(self) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(pre_start_required=self.kind == "c", get_preferred_allocation_available=True)

@@ -149,7 +149,7 @@ def load_kubeconfig(path: str) -> ClusterAccess:
     server = cluster.get("server")
     if not isinstance(server, str) or not server.startswith(("https://", "http://")):
         raise KubeConfigError(f"{src}: clusters[{cluster_name}].cluster.server must be an https:// or http:// URL, "
-                              f"got {server!r}")
+                              f"got {'a string' if isinstance(server, str) else 'a ' + type(server).__name__}")
 
     def file_of(obj: dict[str, Any], key: str, where: str) -> str | None:
         v = obj.get(key)
@@ -163,8 +163,10 @@ def load_kubeconfig(path: str) -> ClusterAccess:
         v = obj.get(key)
         if v in (None, ""):
             return None
+        if not isinstance(v, str):
+            raise KubeConfigError(f"{src}: {where}.{key} must be a base64 string, got a {type(v).__name__}")
         try:
-            return base64.b64decode(str(v), validate=True)
+            return base64.b64decode(v, validate=True)
         except (binascii.Error, ValueError):
             raise KubeConfigError(f"{src}: {where}.{key} is not base64") from None
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +25,9 @@ from gpumgr.kube.rest import ApiError, status_error
 log = logging.getLogger("gpumgr.kube")
 
 WATCH_TIMEOUT_S = 60
+TOMBSTONE_S = 600.0  # how long a deleted pod's UID is remembered
+MAX_TOMBSTONES = 10_000
+MAX_FAILED_RESUMES = 3  # failed watch resumes before a full list
 
 
 class PodCache:
@@ -31,7 +36,10 @@ class PodCache:
         self.node = node
         self._lock = threading.Lock()  # readers may sit in other threads (metrics)
         self._pods: dict[str, dict[str, Any]] = {}
-        self._tombstones: dict[str, int] = {}  # uid -> resourceVersion of its deletion
+        # uid -> when the watch saw it deleted (monotonic): a UID never comes back, so an older answer naming it
+        # (a slow live list) must not revive it; kept TOMBSTONE_S, at most MAX_TOMBSTONES
+        self._tombstones: dict[str, float] = {}
+        self._newest = 0  # the newest resourceVersion the cache has seen (watch events, bookmarks, lists)
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[], None]] = []
@@ -90,31 +98,39 @@ class PodCache:
     async def refresh(self) -> None:
         """A live list now (the watch may lag behind a pod that was just bound here). Merged in, never replacing:
         an answer that took long may be older than what the watch has already delivered."""
-        pods, _ = await self.kube.list_node_pods(self.node)
-        with self._lock:
-            for p in pods:
-                self._put(p)
+        pods, list_rv = await self.kube.list_node_pods(self.node)
+        self._merge(pods, list_rv)
         self._notify()
 
     async def live_uids(self) -> set[str] | None:
         """UIDs of the pods on this node that still hold devices (not Succeeded/Failed), from a fresh list;
         None when the API cannot be asked (then nothing should be freed on the cache's word alone)."""
         try:
-            pods, _ = await self.kube.list_node_pods(self.node)
+            pods, list_rv = await self.kube.list_node_pods(self.node)
         except Exception as e:  # noqa: BLE001
             log.warning("cannot list the pods on node %s (%s): freeing nothing this round", self.node, e)
             return None
-        with self._lock:
-            for p in pods:
-                self._put(p)
+        self._merge(pods, list_rv)
         return {str(p["metadata"]["uid"]) for p in pods
                 if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")}
+
+    def _merge(self, pods: list[dict[str, Any]], list_rv: str) -> None:
+        """A live list merged in. When the list is no newer than what the cache has already seen, it only updates
+        pods the cache holds: a pod it names but the cache lacks was deleted since (and its tombstone may be gone)."""
+        older = _rv(list_rv) <= self._newest
+        with self._lock:
+            for p in pods:
+                if older and (p.get("metadata") or {}).get("uid") not in self._pods:
+                    continue
+                self._put(p)
+            self._newest = max(self._newest, _rv(list_rv))
 
     # -- the watch task -------------------------------------------------------------------------------------
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         backoff = 0.2
         rv = ""
+        failed_resumes = 0
         while True:
             try:
                 if not rv:
@@ -124,20 +140,24 @@ class PodCache:
                     self._synced.set()
                 began = loop.time()
                 rv = await self._watch(rv)
+                failed_resumes = 0
                 if loop.time() - began < 1.0:  # a server that ends every watch at once must not be hammered
-                    await asyncio.sleep(backoff)
+                    await asyncio.sleep(_jitter(backoff))
                     backoff = min(backoff * 2, 10.0)
                 else:
                     backoff = 0.2
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the watch restarts on any failure
-                rv = ""
-                if isinstance(e, ApiError) and e.status == 410:  # refused at the start instead of as an event
-                    log.info("pod watch on node %s: resourceVersion expired; listing again", self.node)
-                    continue
-                log.warning("pod watch on node %s failed (%s); listing again in %.1fs", self.node, e, backoff)
-                await asyncio.sleep(backoff)
+                expired = isinstance(e, ApiError) and e.status == 410
+                failed_resumes += 1
+                # a dropped connection resumes from the last version seen; a list (a quorum read of every pod on
+                # the node) only when the version expired or resuming keeps failing
+                if expired or failed_resumes > MAX_FAILED_RESUMES or isinstance(e, ApiError):
+                    rv, failed_resumes = "", 0
+                log.warning("pod watch on node %s failed (%s); %s in %.1fs", self.node, e,
+                            "resuming" if rv else "listing again", backoff)
+                await asyncio.sleep(_jitter(backoff))
                 backoff = min(backoff * 2, 10.0)
 
     async def _watch(self, rv: str) -> str:
@@ -155,6 +175,7 @@ class PodCache:
                 self._apply(kind, obj)
             if seen:
                 rv = str(seen)
+                self._newest = max(self._newest, _rv(rv))
         return rv
 
     def _replace(self, pods: list[dict[str, Any]], list_rv: str) -> None:
@@ -163,7 +184,8 @@ class PodCache:
         with self._lock:
             old = self._pods
             self._pods = {}
-            self._tombstones = {u: rv for u, rv in self._tombstones.items() if rv > snapshot}
+            self._prune_tombstones()
+            self._newest = max(self._newest, snapshot)
             for p in pods:
                 self._put(p)
             for uid, p in old.items():  # seen after the list was taken (by a refresh or the watch)
@@ -178,7 +200,8 @@ class PodCache:
         with self._lock:
             if kind == "DELETED":
                 self._pods.pop(uid, None)
-                self._tombstones[uid] = _rv(pod)
+                self._tombstones[uid] = time.monotonic()
+                self._prune_tombstones()
             elif kind in ("ADDED", "MODIFIED"):
                 self._put(pod)
         self._notify()
@@ -191,11 +214,20 @@ class PodCache:
             return
         meta.pop("managedFields", None)  # often half of a pod's bytes, never read here (the dict is ours, fresh)
         rv = _rv(pod)
-        if self._tombstones.get(uid, -1) >= rv:
+        if uid in self._tombstones:  # deleted: a UID never comes back
             return
         cur = self._pods.get(uid)
         if cur is None or _rv(cur) <= rv:
             self._pods[uid] = pod
+
+    def _prune_tombstones(self) -> None:
+        """Oldest first (insertion order): drop those older than TOMBSTONE_S and any beyond MAX_TOMBSTONES."""
+        cutoff = time.monotonic() - TOMBSTONE_S
+        while self._tombstones:
+            uid, when = next(iter(self._tombstones.items()))
+            if when >= cutoff and len(self._tombstones) <= MAX_TOMBSTONES:
+                break
+            del self._tombstones[uid]
 
     def _notify(self) -> None:
         for fn in list(self._listeners):
@@ -203,6 +235,11 @@ class PodCache:
                 fn()
             except Exception:  # noqa: BLE001
                 log.exception("pod cache listener failed")
+
+
+def _jitter(seconds: float) -> float:
+    """±50 %: after an API server restart, the nodes' agents must not come back in step."""
+    return seconds * random.uniform(0.5, 1.5)  # noqa: S311 - spreading retries, not security
 
 
 def _rv(obj: dict[str, Any] | str) -> int:

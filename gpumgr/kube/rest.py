@@ -84,7 +84,7 @@ class KubeRest:
         data = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
         for attempt in (0, 1):
             async with self._http().request(
-                    method, self.url(path), params=params, data=data,
+                    method, self.url(path), params=params, data=data, allow_redirects=False,
                     headers=self._headers(content_type if data is not None else None, force_token=attempt > 0),
                     timeout=self._timeout(total=self.connect_timeout + self.read_timeout * 2)) as resp:
                 raw = await resp.read()
@@ -105,7 +105,7 @@ class KubeRest:
         """The events of a `?watch=true` stream, one JSON object a line, until the server ends it. An ERROR event
         is yielded like any other: the caller decides (410 Expired means list again)."""
         q = {**params, "watch": "true"}
-        async with self._http().get(self.url(path), params=q, headers=self._headers(None),
+        async with self._http().get(self.url(path), params=q, headers=self._headers(None), allow_redirects=False,
                                     timeout=self._timeout(read=read_timeout)) as resp:
             if resp.status >= 400:
                 raise _error(resp.status, resp.reason, await resp.read())

@@ -35,7 +35,11 @@ async def modules_of_agent(*extra: str) -> list[str]:
             pod = n.bound_pod("p", 1, 1)
             await n.kubelet.admit_pod(pod["metadata"]["uid"], [ContainerRequest("main", {CORE: 1, MEM: 1})])
         else:
-            await n.kubelet.wait_for(lambda: bool(n.api.store.list_resource("resourceslices")), 60)
+            for _ in range(1200):  # an API object, not a kubelet change: poll for it
+                if n.api.store.list_resource("resourceslices"):
+                    break
+                await asyncio.sleep(0.05)
+            assert n.api.store.list_resource("resourceslices"), n.agent.logs()
         assert await asyncio.to_thread(n.agent.stop) == 0, n.agent.logs()  # the API server keeps answering
         return Path(out).read_text().split()
 

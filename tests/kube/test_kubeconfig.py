@@ -206,3 +206,18 @@ def test_the_agent_refuses_an_unusable_kubeconfig_with_exit_2(tmp_path: Path) ->
         assert p.returncode == 2, p.stderr
         assert "Traceback" not in p.stderr and words in p.stderr and kc in p.stderr
         assert "kubernetes" not in p.stderr
+
+
+def test_kubeconfig_with_a_list_where_a_string_belongs_names_the_type_not_the_value(tmp_path: Path) -> None:
+    # An alias bomb: ~400 bytes that expand to 9^6 strings if the error message prints the value.
+    bomb = 'a: &a ["xxxxxxxxxx","xxxxxxxxxx","xxxxxxxxxx","xxxxxxxxxx","xxxxxxxxxx","xxxxxxxxxx"]\n'
+    for name, prev in zip("bcdef", "abcde", strict=True):
+        bomb += f"{name}: &{name} [*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev}]\n"
+    bomb += ("clusters: [{name: c, cluster: {server: *f}}]\n"
+             "contexts: [{name: x, context: {cluster: c}}]\ncurrent-context: x\n")
+    path = tmp_path / "config"
+    path.write_text(bomb)
+    with pytest.raises(KubeConfigError) as err:
+        load_kubeconfig(str(path))
+    msg = str(err.value)
+    assert len(msg) < 400 and "\n" not in msg and "xxxxxxxxxx" not in msg

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
+
+POLL_S = 0.05
 
 
 class ChangeSignal:
@@ -17,10 +20,12 @@ class ChangeSignal:
         event.set()
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float) -> None:
-        """Return once `predicate()` is true; raise TimeoutError after `timeout` seconds."""
+        """Return once `predicate()` is true; raise TimeoutError after `timeout` seconds. The predicate is also
+        checked every POLL_S: callers often wait on state this signal does not own (the API, an agent's log)."""
 
         async def _until() -> None:
             while not predicate():
-                await self._event.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._event.wait(), POLL_S)
 
         await asyncio.wait_for(_until(), timeout)
