@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from gpumgr.commands.common import check_log_level, env_default, env_flag, parse_listen, stop_on_signals
+from gpumgr.dra.config import driver_name_problem
 from gpumgr.extender.body import (  # the defaults of Limits; a light module (no aiohttp at import)
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEADER_TIMEOUT,
@@ -96,7 +97,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    import re
 
     from gpumgr.docfile import InputError
 
@@ -106,8 +106,9 @@ def run(args: argparse.Namespace) -> int:
     check_log_level(args.log_level)
     if args.dra_claims not in DRA_CLAIMS:
         raise InputError(f"--dra-claims {args.dra_claims[:40]!r}: expected one of {', '.join(DRA_CLAIMS)}")
-    if not 0 < len(args.dra_driver_name) <= MAX_NAME or not re.fullmatch(DNS_SUBDOMAIN, args.dra_driver_name):
-        raise InputError(f"--dra-driver-name {args.dra_driver_name[:60]!r}: expected a lowercase DNS name")
+    problem = driver_name_problem(args.dra_driver_name)  # the agent's rule: the two must name one driver
+    if problem:
+        raise InputError(problem)
     if args.kubeconfig:
         from pathlib import Path
 

@@ -112,17 +112,17 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
 
 def dra_settings(args: argparse.Namespace) -> dict[str, str]:
     """The DRA flags, checked, as `AgentConfig.extra` (read back by gpumgr.dra.config.from_agent_config)."""
-    import re
 
     from gpumgr.docfile import InputError
-    from gpumgr.dra.config import MODES
+    from gpumgr.dra.config import MODES, driver_name_problem
 
     mode = str(getattr(args, "mode", "device-plugin"))
     if mode not in MODES:
         raise InputError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     driver = str(getattr(args, "dra_driver_name", "vgpu.gpumgr.io"))
-    if len(driver) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+", driver):
-        raise InputError(f"--dra-driver-name must be a DNS subdomain with a dot (e.g. vgpu.gpumgr.io), got {driver!r}")
+    problem = driver_name_problem(driver)
+    if problem:
+        raise InputError(problem)
     plugin_dir = str(getattr(args, "dra_plugin_dir", "") or f"/var/lib/kubelet/plugins/{driver}")
     registry = str(getattr(args, "plugins_registry_dir", "/var/lib/kubelet/plugins_registry"))
     for flag, path in (("--dra-plugin-dir", f"{plugin_dir}/dra.sock"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +16,17 @@ MODES = ("device-plugin", "dra", "both")
 DRA_SOCKET = "dra.sock"
 UNHEALTHY_TAINT = "vgpu.gpumgr.io/unhealthy"
 PLUGIN_SERVICES = ("v1.DRAPlugin",)
+
+
+_DRIVER_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+")
+
+
+def driver_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a DRA driver name (a DNS subdomain of at most 63 characters, with a dot), or None.
+    The one rule for the agent's and the extender's --dra-driver-name."""
+    if len(name) <= 63 and _DRIVER_NAME.fullmatch(name):
+        return None
+    return f"--dra-driver-name must be a DNS subdomain with a dot (e.g. vgpu.gpumgr.io), got {name[:70]!r}"
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import asyncio
 import datetime
 import logging
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -72,14 +72,14 @@ class KubeClient:
         items = [p for p in res.get("items") or [] if isinstance(p, dict)]
         return items, str((res.get("metadata") or {}).get("resourceVersion") or "")
 
-    async def watch_node_pods(self, node: str, resource_version: str,
-                              timeout_s: int) -> AsyncIterator[dict[str, Any]]:
+    def watch_node_pods(self, node: str, resource_version: str,
+                        timeout_s: int) -> AsyncGenerator[dict[str, Any], None]:
         """Watch events ({"type", "object"}) of the pods on `node` after `resource_version`, bookmarks included,
         until the server ends the watch (after about `timeout_s`)."""
         params = {"fieldSelector": f"spec.nodeName={node}", "resourceVersion": resource_version,
                   "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_s)}
-        async for ev in self.rest.watch("/api/v1/pods", params, read_timeout=timeout_s + 15):
-            yield ev
+        # the client's own generator, not a wrapper: closing it closes the stream at once
+        return self.rest.watch("/api/v1/pods", params, read_timeout=timeout_s + 15)
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

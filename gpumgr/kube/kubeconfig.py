@@ -21,7 +21,6 @@ from typing import Any
 from gpumgr.docfile import InputError
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-MAX_KUBECONFIG_BYTES = 4 << 20
 MAX_TOKEN_BYTES = 64 << 10
 
 # Fields that are descriptive only; every other unknown field is refused.
@@ -117,20 +116,13 @@ class ClusterAccess:
 
 def load_kubeconfig(path: str) -> ClusterAccess:
     """The current context of the kubeconfig file at `path`. Relative paths in it are taken from its folder."""
-    import yaml
+    from gpumgr.docfile import InputError, load_doc
 
     src = f"kubeconfig {path}"
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_KUBECONFIG_BYTES + 1)
-    except OSError as e:
-        raise KubeConfigError(f"{src}: cannot read: {e.strerror or e}") from None
-    if len(raw) > MAX_KUBECONFIG_BYTES:
-        raise KubeConfigError(f"{src}: larger than {MAX_KUBECONFIG_BYTES} bytes")
-    try:
-        doc = yaml.load(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
-    except yaml.YAMLError as e:
-        raise KubeConfigError(f"{src}: not valid YAML: {str(e).splitlines()[0]}") from None
+    try:  # the project's bounded reader: size (GPUMGR_MAX_INPUT_BYTES), nesting, no YAML aliases
+        doc = load_doc(path).data
+    except InputError as e:
+        raise KubeConfigError(f"kubeconfig {e}") from None
     if not isinstance(doc, dict):
         raise KubeConfigError(f"{src}: not a kubeconfig (expected a mapping)")
     current = doc.get("current-context")

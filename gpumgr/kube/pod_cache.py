@@ -162,20 +162,22 @@ class PodCache:
 
     async def _watch(self, rv: str) -> str:
         """One watch from `rv`; the version to resume from, or "" when the cache must be listed again."""
-        async for ev in self.kube.watch_node_pods(self.node, rv, WATCH_TIMEOUT_S):
-            kind, obj = str(ev.get("type")), ev["object"]
-            if kind == "ERROR":
-                err = status_error(obj)
-                if err.status == 410:
-                    log.info("pod watch on node %s: resourceVersion %s expired; listing again", self.node, rv)
-                    return ""
-                raise err
-            seen = (obj.get("metadata") or {}).get("resourceVersion")
-            if kind != "BOOKMARK":
-                self._apply(kind, obj)
-            if seen:
-                rv = str(seen)
-                self._newest = max(self._newest, _rv(rv))
+        # closed on every way out (an error, a 410), so the stream's connection goes back at once, not at GC
+        async with contextlib.aclosing(self.kube.watch_node_pods(self.node, rv, WATCH_TIMEOUT_S)) as events:
+            async for ev in events:
+                kind, obj = str(ev.get("type")), ev["object"]
+                if kind == "ERROR":
+                    err = status_error(obj)
+                    if err.status == 410:
+                        log.info("pod watch on node %s: resourceVersion %s expired; listing again", self.node, rv)
+                        return ""
+                    raise err
+                seen = (obj.get("metadata") or {}).get("resourceVersion")
+                if kind != "BOOKMARK":
+                    self._apply(kind, obj)
+                if seen:
+                    rv = str(seen)
+                    self._newest = max(self._newest, _rv(rv))
         return rv
 
     def _replace(self, pods: list[dict[str, Any]], list_rv: str) -> None:

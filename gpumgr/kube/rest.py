@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import aiohttp
@@ -24,6 +24,8 @@ log = logging.getLogger("gpumgr.kube")
 
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 30.0
+MAX_ANSWER_BYTES = 256 << 20  # one list of the node's pods is a few MiB at most
+MAX_ERROR_BYTES = 64 << 10  # a Status object
 MAX_WATCH_LINE = 32 << 20  # one watch event; a pod is at most ~1.5 MiB in etcd, so this is only a bound
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -87,11 +89,11 @@ class KubeRest:
                     method, self.url(path), params=params, data=data, allow_redirects=False,
                     headers=self._headers(content_type if data is not None else None, force_token=attempt > 0),
                     timeout=self._timeout(total=self.connect_timeout + self.read_timeout * 2)) as resp:
-                raw = await resp.read()
                 if resp.status == 401 and attempt == 0 and self.access.token_file:
                     continue
                 if resp.status >= 400:
-                    raise _error(resp.status, resp.reason, raw)
+                    raise _error(resp.status, resp.reason, await _read_capped(resp, MAX_ERROR_BYTES, method, path))
+                raw = await _read_capped(resp, MAX_ANSWER_BYTES, method, path)
                 break
         try:
             doc = json.loads(raw) if raw else {}
@@ -101,7 +103,8 @@ class KubeRest:
             raise ApiError(resp.status, "BadResponse", f"{method} {path}: the answer is not a JSON object")
         return doc
 
-    async def watch(self, path: str, params: Mapping[str, str], read_timeout: float) -> AsyncIterator[dict[str, Any]]:
+    async def watch(self, path: str, params: Mapping[str, str],
+                    read_timeout: float) -> AsyncGenerator[dict[str, Any], None]:
         """The events of a `?watch=true` stream, one JSON object a line, until the server ends it. An ERROR event
         is yielded like any other: the caller decides (410 Expired means list again)."""
         q = {**params, "watch": "true"}
@@ -111,10 +114,12 @@ class KubeRest:
                 raise _error(resp.status, resp.reason, await resp.read())
             buf = bytearray()
             async for chunk in resp.content.iter_any():
+                searched = len(buf)  # bytes already known to hold no newline: a long event is scanned once
                 buf += chunk
-                while (nl := buf.find(b"\n")) >= 0:
+                while (nl := buf.find(b"\n", searched)) >= 0:
                     line = bytes(buf[:nl])
                     del buf[:nl + 1]
+                    searched = 0
                     if line.strip():
                         yield _event(line)
                 if len(buf) > MAX_WATCH_LINE:
@@ -142,6 +147,19 @@ class KubeRest:
             task.add_done_callback(self._closing.discard)
         elif self._loop is not None and not self._loop.is_closed() and not self._loop.is_running():
             self._loop.run_until_complete(s.close())
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, cap: int, method: str, path: str) -> bytes:
+    """The body, refused past `cap` bytes: a proxy or server gone wrong must not fill the agent's memory."""
+    size = resp.content_length
+    if size is not None and size > cap:
+        raise ApiError(resp.status, "BadResponse", f"{method} {path}: an answer of {size} bytes (at most {cap})")
+    buf = bytearray()
+    async for chunk in resp.content.iter_any():
+        buf += chunk
+        if len(buf) > cap:
+            raise ApiError(resp.status, "BadResponse", f"{method} {path}: an answer over {cap} bytes")
+    return bytes(buf)
 
 
 def _event(line: bytes) -> dict[str, Any]:

@@ -42,3 +42,16 @@ def test_bad_values_from_the_environment_are_refused_too() -> None:
                           capture_output=True, text=True, timeout=60,
                           env={**os.environ, "GPUMGR_LEADER_ELECT_RETRY_PERIOD": "-1"})
     assert proc.returncode == 2 and "--leader-elect-retry-period '-1': expected seconds" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["gpumgr", "a" * 61 + ".io", "Vgpu.gpumgr.io"])
+def test_the_extender_takes_only_a_driver_name_the_agent_takes(name: str) -> None:
+    """One rule for both --dra-driver-name flags: an extender counting claims of a driver no agent can be."""
+    from gpumgr.dra.config import driver_name_problem
+
+    assert driver_name_problem(name) is not None
+    proc = subprocess.run([sys.executable, "-m", "gpumgr.cli", "extender", "--insecure-serve-without-auth",
+                           "--listen", "127.0.0.1:1", "--dra-driver-name", name], capture_output=True, text=True,
+                          timeout=60, env={**os.environ})
+    assert proc.returncode == 2 and "--dra-driver-name must be a DNS subdomain with a dot" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

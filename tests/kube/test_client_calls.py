@@ -153,3 +153,48 @@ contexts: [{{name: c, context: {{cluster: k, user: u}}}}]
         server.close()
         for w in held:
             w.close()
+
+
+@pytest.mark.parametrize(("status", "chunked"), [(500, False), (500, True), (200, True)])
+async def test_an_oversized_answer_is_refused_not_buffered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           status: int, chunked: bool) -> None:
+    from gpumgr.kube import rest
+
+    monkeypatch.setattr(rest, "MAX_ANSWER_BYTES", 1 << 20)
+    big = b"x" * (2 << 20)  # over both caps (64 KiB for an error, 1 MiB here for an answer)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if not chunked:
+            return web.Response(status=status, body=big)
+        resp = web.StreamResponse(status=status)
+        resp.enable_chunked_encoding()  # no Content-Length: refused while reading
+        await resp.prepare(request)
+        for i in range(0, len(big), 65536):
+            await resp.write(big[i:i + 65536])
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_route("GET", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    kc = tmp_path / "kc"
+    kc.write_text(f"""
+apiVersion: v1
+kind: Config
+current-context: c
+clusters: [{{name: k, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
+users: [{{name: u, user: {{}}}}]
+contexts: [{{name: c, context: {{cluster: k, user: u}}}}]
+""")
+    kube = KubeClient.connect(str(kc))
+    try:
+        with pytest.raises(ApiError) as e:
+            await kube.rest.request("GET", "/api/v1/pods")
+        assert e.value.reason == "BadResponse" and "bytes" in e.value.message and len(str(e.value)) < 200
+    finally:
+        await kube.aclose()
+        await runner.cleanup()

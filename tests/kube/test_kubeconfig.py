@@ -208,7 +208,7 @@ def test_the_agent_refuses_an_unusable_kubeconfig_with_exit_2(tmp_path: Path) ->
         assert "kubernetes" not in p.stderr
 
 
-def test_kubeconfig_with_a_list_where_a_string_belongs_names_the_type_not_the_value(tmp_path: Path) -> None:
+def test_a_kubeconfig_alias_bomb_is_refused_while_loading_and_never_printed(tmp_path: Path) -> None:
     # An alias bomb: ~400 bytes that expand to 9^6 strings if the error message prints the value.
     bomb = 'a: &a ["xxxxxxxxxx","xxxxxxxxxx","xxxxxxxxxx","xxxxxxxxxx","xxxxxxxxxx","xxxxxxxxxx"]\n'
     for name, prev in zip("bcdef", "abcde", strict=True):
@@ -221,3 +221,4 @@ def test_kubeconfig_with_a_list_where_a_string_belongs_names_the_type_not_the_va
         load_kubeconfig(str(path))
     msg = str(err.value)
     assert len(msg) < 400 and "\n" not in msg and "xxxxxxxxxx" not in msg
+    assert "aliases" in msg and str(path) in msg  # refused while loading, naming the file and line
