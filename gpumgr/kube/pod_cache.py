@@ -115,13 +115,10 @@ class PodCache:
                 if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")}
 
     def _merge(self, pods: list[dict[str, Any]], list_rv: str) -> None:
-        """A live list merged in. When the list is no newer than what the cache has already seen, it only updates
-        pods the cache holds: a pod it names but the cache lacks was deleted since (and its tombstone may be gone)."""
-        older = _rv(list_rv) <= self._newest
+        """A live list merged in: newer versions replace older ones; a pod the watch saw deleted stays deleted
+        (its tombstone outlives any relist, TOMBSTONE_S), however late a slow list answers."""
         with self._lock:
             for p in pods:
-                if older and (p.get("metadata") or {}).get("uid") not in self._pods:
-                    continue
                 self._put(p)
             self._newest = max(self._newest, _rv(list_rv))
 
