@@ -275,6 +275,12 @@ async def test_sigterm_hands_the_lease_over(api: KubeApiServer, replicas: Any, h
         # ready (a rolling update and a disruption budget count it), but not routed to: its pod has no label
         assert await eventually(standby_state, timeout=60, interval=0.1) == (200, 200, "ready", False)
         assert labelled(api) == [old.name]
+
+        async def names_the_leader() -> bool:  # a standby learns the holder at its next read of the Lease
+            async with http.post(f"{standby.url}/gpumgr/filter", json=args(pods[0], NODES)) as r:
+                return f"replica '{old.name}_" in (await r.json())["Error"]
+
+        assert await eventually(names_the_leader, timeout=60, interval=0.1)
         for verb, body in (("filter", args(pods[0], NODES)), ("prioritize", args(pods[0], NODES)),
                            ("bind", {"PodName": "p00", "PodNamespace": "default", "PodUID": "", "Node": "n0"})):
             async with http.post(f"{standby.url}/gpumgr/{verb}", json=body) as r:
