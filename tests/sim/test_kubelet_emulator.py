@@ -9,7 +9,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -59,6 +59,7 @@ class FakePlugin(pb_grpc.DevicePluginServicer):
         self.preferred_requests: list[pb.ContainerPreferredAllocationRequest] = []
         self.allocate_error: tuple[grpc.StatusCode, str] | None = None
         self.pre_start_error: tuple[grpc.StatusCode, str] | None = None
+        self.before_allocate: Callable[[], Awaitable[None]] | None = None
         self._streams: list[asyncio.Queue[list[pb.Device] | None]] = []
 
     def set_devices(self, devices: list[pb.Device]) -> None:
@@ -93,6 +94,8 @@ class FakePlugin(pb_grpc.DevicePluginServicer):
     async def Allocate(self, request, context):
         for req in request.container_requests:
             self.calls.append((self.name, "Allocate", list(req.devices_ids)))
+        if self.before_allocate is not None:
+            await self.before_allocate()
         if self.allocate_error is not None:
             await context.abort(*self.allocate_error)
         return pb.AllocateResponse(
@@ -409,6 +412,28 @@ async def test_failed_allocate_rejects_pod_and_frees_devices(
     mem.allocate_error = None
     pod = await emulator.admit_pod("pod-2", [ContainerRequest("c", {CORE: 2, MEM: 3})])
     assert pod.container("c").device_ids[CORE] == ("core-00", "core-01")
+
+
+async def test_a_device_update_during_allocate_does_not_checkpoint_the_call_in_flight(
+    emulator: KubeletEmulator, plugins: PluginHarness
+):
+    """The kubelet checkpoints a container's devices once the plugin answered: a ListAndWatch update (which
+    rewrites the checkpoint) while an Allocate is in flight must not record the container asking."""
+    core, _ = await plugins.start(CORE, "vcore.sock", [device(i, 0) for i in ids("core", 4)])
+    await emulator.wait_for(lambda: emulator.capacity(CORE) == 4, WAIT)
+    seen: list[str] = []
+
+    async def update_devices_first() -> None:
+        core.set_devices([device(i, 0) for i in ids("core", 5)])
+        await until(lambda: read_kubelet_checkpoint(emulator.checkpoint_path).registered_devices.get(CORE)
+                    == tuple(ids("core", 5)))
+        seen.extend(e.container_name for e in read_kubelet_checkpoint(emulator.checkpoint_path).entries)
+
+    core.before_allocate = update_devices_first
+    await emulator.admit_pod("pod-1", [ContainerRequest("c", {CORE: 2})])
+    assert seen == []
+    after = read_kubelet_checkpoint(emulator.checkpoint_path).entries
+    assert [(e.pod_uid, e.container_name) for e in after] == [("pod-1", "c")]
 
 
 async def test_failed_pre_start_rejects_pod_and_frees_devices(

@@ -133,12 +133,12 @@ async def _admit_container(
         else:
             ids = tuple(await _choose(manager, endpoint, resource, count, reusable.get(resource, set())))
             entry = ContainerDevices(
-                pod_uid, container.name, resource, ids, manager.numa_groups(resource, ids), None
+                pod_uid, container.name, resource, ids, manager.numa_groups(resource, ids), None, in_flight=True
             )
             manager.pods.insert(entry)  # reserved before the call, as the kubelet marks them in use
             created.append((pod_uid, container.name, resource))
             response = await endpoint.allocate(ids)
-            manager.pods.insert(replace(entry, alloc_resp=response))
+            manager.pods.insert(replace(entry, alloc_resp=response, in_flight=False))
             wrote = True
         if is_init:
             reusable.setdefault(resource, set()).update(ids)

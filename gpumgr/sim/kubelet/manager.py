@@ -158,7 +158,7 @@ class DeviceManager:
         """Write the current state; writes are serialized and each writes the state as it is then."""
         async with self._write_lock:
             data = checkpoint_data(
-                self.pods.entries(),
+                [e for e in self.pods.entries() if not e.in_flight],
                 {r: self.devices.healthy(r) for r in self.devices.resources()},
                 self.checkpoint_format,
             )

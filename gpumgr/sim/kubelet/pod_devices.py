@@ -72,3 +72,6 @@ class ContainerDevices:
     device_ids: tuple[str, ...]
     numa: tuple[tuple[str, tuple[str, ...]], ...]
     alloc_resp: ContainerAllocateResponse | None
+    # reserved while its Allocate call is in flight: counted as in use, never checkpointed (the kubelet records a
+    # container's devices in its checkpoint only once the plugin answered)
+    in_flight: bool = False
