@@ -250,7 +250,7 @@ class Demo:
         scheduler stand-in allocates it from the node's ResourceSlice, the kubelet's DRA side prepares it through
         the agent's dra.sock; then the claim's allocation and the limits file of its vDevice directory."""
         from gpumgr.dra import quantity
-        from gpumgr.dra.slices import device_index
+        from gpumgr.dra_results import gpu_index
         from gpumgr.node.claims import claim_keys, vdevice_key
         from gpumgr.sim.dra_scheduler import Unschedulable
         from gpumgr.sim.kubelet.dra_kubelet import DraPrepareError
@@ -289,7 +289,7 @@ class Demo:
         results = claim["status"]["allocation"]["devices"]["results"]
         for r in results:
             used = r.get("consumedCapacity") or {}
-            self.say(f"  -> claim {namespace}/{claim_name} allocated: card {device_index(r['device'])} "
+            self.say(f"  -> claim {namespace}/{claim_name} allocated: card {gpu_index(r['device'])} "
                      f"({r['device']}), consumed memory {used.get('memory', 'all')}, cores {used.get('cores', 'all')};"
                      f" CDI device {', '.join(cdi_ids)}")
         limits_file = self.node.agent.dra.preparer.layout.dir_for(vdevice_key(uid)) / "limits"

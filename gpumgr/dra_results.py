@@ -1,10 +1,12 @@
 """What a ResourceClaim's allocation gives one DRA driver, read from API JSON: pure, no I/O, light imports.
 
-The node (gpumgr.dra.claims) turns each result of its driver into a ledger entry `dra/<claim uid>/<n>` (n: the
-result's position among the driver's results) on card `gpu-<index>` of pool = node name, taking
-`consumedCapacity` memory (bytes, rounded up to MiB) and cores, each absent = the whole card. The scheduler
-extender counts allocated claims the same way; this is that rule for a reader that has no inventory at hand
-(an absent memory is None: the whole card, whatever its size).
+This module owns the rule for what a claim consumes, for both readers of it: the node (gpumgr.dra.claims), which
+turns each result of its driver into a ledger entry `dra/<claim uid>/<n>` (n: the result's position among the
+driver's results) on card `gpu-<index>` of pool = node name, and the scheduler extender, which counts allocated
+claims without an inventory at hand. `allocated_results` walks a claim's allocation and `device_amount` reads one
+device result: its pool, its card, and the `consumedCapacity` it takes (memory in bytes, cores; each absent =
+the whole card). The node adds only what needs its own inventory: the pool is its own, the card exists, the
+memory fits on the card (the extender checks the last two against the node's published shape).
 """
 
 from __future__ import annotations
@@ -20,6 +22,27 @@ MIB = 2**20
 CORES = 100
 MAX_UID = 63
 MAX_POOL = 253
+MAX_MEMORY = 1 << 60  # bytes, exclusive: no card has an exabyte
+_SHOWN = 80  # characters of a bad value quoted in an error
+
+
+class ResultError(ValueError):
+    """An allocation, or one device result of it, that no node would grant; the message says what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAmount:
+    """What one device result consumes."""
+
+    pool: str  # the node's name
+    device: str  # gpu-<index>
+    index: int
+    cores: int  # 1..100
+    memory_bytes: int | None  # None: the whole card
+
+    @property
+    def memory_mib(self) -> int | None:
+        return None if self.memory_bytes is None else -(-self.memory_bytes // MIB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,51 +60,81 @@ def claim_uid(claim: Mapping[str, Any]) -> str:
     return uid if isinstance(uid, str) and 0 < len(uid) <= MAX_UID and "/" not in uid else ""
 
 
-def driver_results(claim: Mapping[str, Any], driver: str) -> tuple[DriverResult, ...] | None:
-    """The claim's results of `driver` (empty: not allocated, or no device of the driver), or None when the
-    allocation is malformed (the node refuses such a claim whole)."""
+def gpu_index(device: object) -> int | None:
+    """`gpu-3` -> 3; anything else (another name, not a string) None."""
+    if not isinstance(device, str) or not device.startswith("gpu-") or not device[4:].isdigit() or len(device) > 10:
+        return None
+    return int(device[4:])
+
+
+def allocated_results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
+    """Every device result of the claim's allocation, of any driver (None: not allocated; [] when it has none).
+    ResultError when the allocation is malformed: the claim is then refused whole."""
     status = claim.get("status")
+    if status is None:
+        return None
     if not isinstance(status, Mapping):
-        return () if status is None else None
+        raise ResultError("status must be an object")
     allocation = status.get("allocation")
     if allocation is None:
-        return ()
+        return None
     if not isinstance(allocation, Mapping):
-        return None
-    devices = allocation.get("devices") or {}
-    results = devices.get("results") if isinstance(devices, Mapping) else None
+        raise ResultError("status.allocation must be an object")
+    devices = allocation.get("devices")
+    if devices is None:
+        return []
+    if not isinstance(devices, Mapping):
+        raise ResultError("status.allocation.devices must be an object")
+    results = devices.get("results")
     if results is None:
-        return ()
+        return []
     if not isinstance(results, list) or len(results) > MAX_RESULTS:
-        return None
-    out: list[DriverResult] = []
-    for r in results:
-        if not isinstance(r, Mapping):
-            return None
-        if r.get("driver") != driver:
-            continue
-        got = _result(len(out), r)
-        if got is None:
-            return None
-        out.append(got)
-    return tuple(out)
+        raise ResultError(f"status.allocation.devices.results must be a list of at most {MAX_RESULTS}")
+    if not all(isinstance(r, Mapping) for r in results):
+        raise ResultError("a result in status.allocation.devices.results is not an object")
+    return results
 
 
-def _result(n: int, r: Mapping[str, Any]) -> DriverResult | None:
+def device_amount(r: Mapping[str, Any]) -> DeviceAmount:
+    """One device result of this driver: where it is and what it consumes, or ResultError."""
     pool, device = r.get("pool"), r.get("device")
-    if not isinstance(pool, str) or not 0 < len(pool) <= MAX_POOL or not isinstance(device, str):
-        return None
-    if not device.startswith("gpu-") or not device[4:].isdigit() or len(device) > 10:
-        return None
-    consumed = r.get("consumedCapacity") or {}
+    if not isinstance(pool, str) or not 0 < len(pool) <= MAX_POOL:
+        raise ResultError(f"pool {_show(pool)} is not a node name")
+    index = gpu_index(device)
+    if index is None or not isinstance(device, str):
+        raise ResultError(f"device {_show(device)} in pool {pool} is not a GPU of this driver (gpu-<index>)")
+    where = f"device {pool}/{device}"
+    consumed = r.get("consumedCapacity")
+    if consumed is None:
+        consumed = {}
     if not isinstance(consumed, Mapping):
-        return None
+        raise ResultError(f"{where}: consumedCapacity must be an object, not {_show(consumed)}")
     try:
         memory = parse_int(consumed["memory"]) if "memory" in consumed else None
         cores = parse_int(consumed["cores"]) if "cores" in consumed else CORES
-    except QuantityError:
+    except QuantityError as e:
+        raise ResultError(f"{where}: consumedCapacity: {e}") from None
+    if memory is not None and not 0 < memory < MAX_MEMORY:
+        raise ResultError(f"{where}: consumedCapacity memory {memory} bytes is not a positive amount of memory")
+    if not 0 < cores <= CORES:
+        raise ResultError(f"{where}: consumedCapacity cores {cores} is outside 1..{CORES}")
+    return DeviceAmount(pool=pool, device=device, index=index, cores=cores, memory_bytes=memory)
+
+
+def driver_results(claim: Mapping[str, Any], driver: str) -> tuple[DriverResult, ...] | None:
+    """The claim's results of `driver` (empty: not allocated, or no device of the driver), or None when the
+    allocation is malformed (the node refuses such a claim whole)."""
+    try:
+        results = allocated_results(claim)
+        if results is None:
+            return ()
+        amounts = [device_amount(r) for r in results if r.get("driver") == driver]
+    except ResultError:
         return None
-    if not 0 < cores <= CORES or (memory is not None and not 0 < memory < 1 << 60):
-        return None
-    return DriverResult(n=n, pool=pool, index=int(device[4:]), cores=cores,
-                        memory_mib=None if memory is None else -(-memory // MIB))
+    return tuple(DriverResult(n=n, pool=a.pool, index=a.index, cores=a.cores, memory_mib=a.memory_mib)
+                 for n, a in enumerate(amounts))
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."

@@ -25,6 +25,30 @@ def env_flag(flag: str) -> bool:
     return str(env_default(flag, "") or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def whole_flag(flag: str, text: object, low: int, high: int) -> int:
+    """A flag's whole number from `low` to `high`; InputError naming the flag otherwise."""
+    t = str(text).strip()
+    try:
+        value = int(t) if t.isascii() else None
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise InputError(f"{flag} {t[:40]!r}: expected a whole number from {low} to {high}")
+    return value
+
+
+def seconds_flag(flag: str, text: object, high: float) -> float:
+    """A flag's seconds, more than 0 and at most `high` (not nan, not inf); InputError naming the flag otherwise."""
+    t = str(text).strip()
+    try:
+        value = float(t) if t.isascii() else None
+    except ValueError:
+        value = None
+    if value is None or not 0 < value <= high:  # nan and inf fail the comparison too
+        raise InputError(f"{flag} {t[:40]!r}: timeouts must be positive and finite seconds, at most {high:g}")
+    return value
+
+
 def check_log_level(level: str) -> None:
     if str(level).lower() not in LOG_LEVELS:
         raise InputError(f"--log-level {level!r}: expected one of {', '.join(LOG_LEVELS)}")

@@ -5,13 +5,26 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpumgr.commands.common import check_log_level, env_default, env_flag, parse_listen, stop_on_signals
+from gpumgr.commands.common import (
+    check_log_level,
+    env_default,
+    env_flag,
+    parse_listen,
+    seconds_flag,
+    stop_on_signals,
+    whole_flag,
+)
+from gpumgr.docfile import InputError
 from gpumgr.dra.config import driver_name_problem
-from gpumgr.extender.body import (  # the defaults of Limits; a light module (no aiohttp at import)
+from gpumgr.httpbody import (  # the defaults and bounds of Limits; a light module (no aiohttp at import)
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEADER_TIMEOUT,
     DEFAULT_MAX_BODY,
     DEFAULT_MAX_CONNECTIONS,
+    MAX_BODY_BYTES,
+    MAX_CONNECTIONS,
+    MAX_TIMEOUT,
+    MIN_BODY_BYTES,
 )
 
 DRA_CLAIMS = ("auto", "on", "off")  # gpumgr.extender.server.DRA_CLAIMS
@@ -54,15 +67,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--scheduler-name", default=env_default("--scheduler-name", DEFAULT_SCHEDULER), metavar="NAME",
                    help=f"bind only pods whose spec.schedulerName is NAME (default {DEFAULT_SCHEDULER})")
     p.add_argument("--max-body-bytes", default=env_default("--max-body-bytes", str(DEFAULT_MAX_BODY)), metavar="N",
-                   help=f"largest request body, after decompression (default {DEFAULT_MAX_BODY}: 1 MiB)")
+                   help=f"largest request body, after decompression, {MIN_BODY_BYTES} to {MAX_BODY_BYTES} (64 MiB) "
+                   f"(default {DEFAULT_MAX_BODY}: 1 MiB)")
     p.add_argument("--header-timeout", default=env_default("--header-timeout", str(DEFAULT_HEADER_TIMEOUT)),
-                   metavar="S", help="seconds for a request's headers, and idle connections "
-                   f"(default {DEFAULT_HEADER_TIMEOUT:g})")
+                   metavar="S", help=f"seconds (at most {MAX_TIMEOUT:g}) for a request's headers, and idle "
+                   f"connections (default {DEFAULT_HEADER_TIMEOUT:g})")
     p.add_argument("--body-timeout", default=env_default("--body-timeout", str(DEFAULT_BODY_TIMEOUT)),
-                   metavar="S", help=f"seconds for a request's whole body, and for the caller to take the answer "
-                   f"(default {DEFAULT_BODY_TIMEOUT:g})")
+                   metavar="S", help=f"seconds (at most {MAX_TIMEOUT:g}) for a request's whole body, and for the "
+                   f"caller to take the answer (default {DEFAULT_BODY_TIMEOUT:g})")
     p.add_argument("--max-connections", default=env_default("--max-connections", str(DEFAULT_MAX_CONNECTIONS)),
-                   metavar="N", help=f"open connections at once; more get 503 (default {DEFAULT_MAX_CONNECTIONS})")
+                   metavar="N", help=f"open connections at once, 1 to {MAX_CONNECTIONS}; more get 503 "
+                   f"(default {DEFAULT_MAX_CONNECTIONS})")
     p.add_argument("--probe-listen", default=env_default("--probe-listen", ""), metavar="HOST:PORT",
                    help="also serve /healthz and /readyz (only) on plain HTTP here, for kubelet probes")
     p.add_argument("--leader-elect", action="store_true", default=env_flag("--leader-elect"),
@@ -97,9 +112,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-
-    from gpumgr.docfile import InputError
-
     host, port = parse_listen(args.listen)
     if args.policy not in POLICIES:
         raise InputError(f"--policy {args.policy!r}: expected one of {', '.join(POLICIES)}")
@@ -130,23 +142,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _limits(args: argparse.Namespace) -> Any:
-    from gpumgr.docfile import InputError
-    from gpumgr.extender.body import Limits
+    from gpumgr.httpbody import Limits
 
-    values: dict[str, Any] = {}
-    for flag, key, kind in (("--max-body-bytes", "max_body_bytes", int), ("--header-timeout", "header_timeout",
-                            float), ("--body-timeout", "body_timeout", float),
-                            ("--max-connections", "max_connections", int)):
-        text = getattr(args, key)
-        try:
-            values[key] = kind(text)
-        except ValueError:
-            raise InputError(f"{flag} {text!r}: expected {'a whole number' if kind is int else 'seconds'}") from None
-    try:
-        return Limits(**values)
-    except ValueError as e:
-        raise InputError(str(e).replace("max_body_bytes", "--max-body-bytes")
-                         .replace("max_connections", "--max-connections")) from None
+    return Limits(max_body_bytes=whole_flag("--max-body-bytes", args.max_body_bytes, MIN_BODY_BYTES, MAX_BODY_BYTES),
+                  header_timeout=seconds_flag("--header-timeout", args.header_timeout, MAX_TIMEOUT),
+                  body_timeout=seconds_flag("--body-timeout", args.body_timeout, MAX_TIMEOUT),
+                  max_connections=whole_flag("--max-connections", args.max_connections, 1, MAX_CONNECTIONS))
 
 
 def _election(args: argparse.Namespace) -> Any:
@@ -156,7 +157,6 @@ def _election(args: argparse.Namespace) -> Any:
     import secrets
     import socket
 
-    from gpumgr.docfile import InputError
     from gpumgr.extender.leader import ElectionSettings, settings_problem
 
     times = []
@@ -199,8 +199,6 @@ def _own_namespace() -> str:
 
 def _tls(args: argparse.Namespace) -> Any:
     """The server's SSL context, or None (only with --insecure-serve-without-auth)."""
-    from gpumgr.docfile import InputError
-
     cert, key, ca = args.tls_cert_file, args.tls_key_file, args.client_ca_file
     if bool(cert) != bool(key):
         raise InputError("--tls-cert-file and --tls-key-file go together")

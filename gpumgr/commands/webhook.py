@@ -6,12 +6,25 @@ import argparse
 import re
 from typing import TYPE_CHECKING
 
-from gpumgr.commands.common import check_log_level, env_default, env_flag, parse_listen, stop_on_signals
+from gpumgr.commands.common import (
+    check_log_level,
+    env_default,
+    env_flag,
+    parse_listen,
+    seconds_flag,
+    stop_on_signals,
+    whole_flag,
+)
+from gpumgr.httpbody import MAX_CONNECTIONS
 
 if TYPE_CHECKING:
     from gpumgr.webhook.server import TlsFiles
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+MAX_CARDS_CEILING = 4096  # --max-cards-per-container: far above any node (a node has at most a few dozen cards)
+# --header-timeout: the API server gives a webhook call at most 30 s (timeoutSeconds), so a client that takes
+# minutes to send its request head is not the API server; 300 s is ten times that (the extender's bound is 600 s).
+MAX_HEADER_TIMEOUT = 300.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -34,12 +47,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    default=env_flag("--insecure-http"),
                    help="serve plain HTTP without a certificate (tests and demos only; the API server needs HTTPS)")
     p.add_argument("--max-cards-per-container", default=env_default("--max-cards-per-container", "16"), metavar="N",
-                   help="refuse a container that asks more whole cards than this (default 16; set it to the most "
-                   "cards any node of the cluster has)")
+                   help=f"refuse a container that asks more whole cards than this, 1 to {MAX_CARDS_CEILING} "
+                   "(default 16; set it to the most cards any node of the cluster has)")
     p.add_argument("--header-timeout", default=env_default("--header-timeout", "5"), metavar="S",
-                   help="seconds for a request's TLS handshake and headers, and for idle connections (default 5)")
+                   help=f"seconds (at most {MAX_HEADER_TIMEOUT:g}) for a request's TLS handshake and headers, and "
+                   "for idle connections (default 5)")
     p.add_argument("--max-connections", default=env_default("--max-connections", "256"), metavar="N",
-                   help="open connections at once; more are answered 503 and closed (default 256)")
+                   help=f"open connections at once, 1 to {MAX_CONNECTIONS}; more are answered 503 and closed "
+                   "(default 256)")
     p.add_argument("--log-level", default=env_default("--log-level", "info"), help="debug, info, warning, error")
     p.set_defaults(func=run)
 
@@ -61,24 +76,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _limits(args: argparse.Namespace) -> dict[str, float]:
     """WebhookServer keyword arguments from the limit flags; InputError naming the flag otherwise."""
-    import math
-
-    from gpumgr.docfile import InputError
-
-    out: dict[str, float] = {}
-    for flag, key, kind, top in (("--max-cards-per-container", "max_cards", int, 4096),
-                                 ("--header-timeout", "header_timeout", float, 300),
-                                 ("--max-connections", "max_connections", int, 65536)):
-        text = str(getattr(args, flag.lstrip("-").replace("-", "_")))
-        try:
-            value = kind(text.strip()) if text.strip().isascii() else None
-        except ValueError:
-            value = None
-        if value is None or not math.isfinite(value) or not 0 < value <= top:
-            what = "a whole number" if kind is int else "seconds"
-            raise InputError(f"{flag} {text[:40]!r}: expected {what} above 0 and at most {top}")
-        out[key] = value
-    return out
+    return {"max_cards": whole_flag("--max-cards-per-container", args.max_cards_per_container, 1, MAX_CARDS_CEILING),
+            "header_timeout": seconds_flag("--header-timeout", args.header_timeout, MAX_HEADER_TIMEOUT),
+            "max_connections": whole_flag("--max-connections", args.max_connections, 1, MAX_CONNECTIONS)}
 
 
 def _tls(args: argparse.Namespace) -> TlsFiles | None:

@@ -1,6 +1,6 @@
 """CDI specs of prepared claims: one file per claim in the dynamic CDI directory, written atomically.
 
-    <cdi dir>/gpumgr.io-vgpu_<claim uid>.json   (written to a temp file, then renamed)
+    <cdi dir>/gpumgr.io-vgpu_<claim uid>.json   (written whole to a temp file, fsynced, then renamed)
     kind gpumgr.io/vgpu; one device per granted GPU, named claim-<uid>-gpu-<index>; the claim's common edits
     (control devices, driver libraries, the shim, the vDevice directory, env) at spec level.
 
@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -99,9 +100,10 @@ class CdiDir:
         return self.root / file_name(claim_uid)
 
     def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:
-        """Atomically (temp file, rename): a runtime never reads half a spec. Not fsynced: the checkpoint is
-        what must survive a crash, and recovery writes the spec of every held claim again (and removes the
-        rest). Unchanged content is not rewritten."""
+        """Atomically: every byte to a temp file, fsynced, then renamed over the spec, so a runtime never reads
+        half a spec, even after a crash. On any failure (a short write on a full disk, an I/O error) the temp
+        file is removed, the previous spec stays as it was, and the OSError is raised. Unchanged content is not
+        rewritten."""
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.path_for(claim_uid)
         data = (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()
@@ -111,12 +113,17 @@ class CdiDir:
         except OSError:
             pass
         tmp = self.root / f".{path.name}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return path
 
     def remove(self, claim_uid: str) -> bool:
@@ -139,3 +146,14 @@ class CdiDir:
             if m:
                 out.append(m.group(1))
         return sorted(out)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write may write less than asked (a signal, a full disk): go on until every byte is written; a write
+    that cannot progress raises (ENOSPC, EFBIG, EIO)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        view = view[n:]

@@ -1,7 +1,8 @@
 """What a ResourceClaim gives this driver on this node: its results, read from the claim's status.
 
 Pure: a claim (API JSON) in, a `ClaimGrant` out, or a `ClaimError` whose message says what is wrong with that
-one claim. Nothing here touches the ledger.
+one claim. Nothing here touches the ledger. What a device result consumes is read by gpumgr.dra_results, the
+rule the scheduler extender counts claims by too; this module adds what only the node knows (its pool, its cards).
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpumgr.devices.types import Inventory
-from gpumgr.dra.quantity import QuantityError, parse_int
-from gpumgr.dra.slices import CORES, MIB, device_index, memory_ceiling
+from gpumgr.dra.slices import CORES, MIB, memory_ceiling
+from gpumgr.dra_results import ResultError, allocated_results, device_amount
 
-MAX_RESULTS = 32  # a claim may hold at most 32 devices (resource.k8s.io/v1 AllocationResultsMaxSize)
-MAX_RESERVED = 256  # and be reserved for at most 256 consumers (ResourceClaimReservedForMaxSize)
+MAX_RESERVED = 256  # a claim may be reserved for at most 256 consumers (ResourceClaimReservedForMaxSize)
+MAX_DRIVER = 63  # characters of another driver's name quoted in an error (a driver name is a DNS subdomain)
 _UID = re.compile(r"^[0-9a-zA-Z][0-9a-zA-Z-]{0,62}$")
 
 
@@ -33,17 +34,18 @@ def check_uid(uid: str) -> str:
 def grant_from_claim(claim: Mapping[str, Any], *, namespace: str, name: str, uid: str, driver: str,
                      pool: str, inventory: Inventory) -> ClaimGrant:
     label = f"claim {namespace}/{name}"
-    meta = claim.get("metadata") or {}
-    if meta.get("uid") != uid:
-        raise ClaimError(f"{label}: UID mismatch: the kubelet asked for {uid}, the API has {meta.get('uid')} "
+    meta = claim.get("metadata")
+    api_uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    if api_uid != uid:
+        raise ClaimError(f"{label}: UID mismatch: the kubelet asked for {uid}, the API has {api_uid} "
                          "(the claim was deleted and recreated; the kubelet will retry with the new one)")
-    status = claim.get("status") or {}
-    allocation = status.get("allocation")
-    if not isinstance(allocation, dict):
+    try:
+        results = allocated_results(claim)
+    except ResultError as e:
+        raise ClaimError(f"{label}: {e}") from None
+    if results is None:
         raise ClaimError(f"{label} is not allocated (no status.allocation): the scheduler has not placed it yet")
-    results = ((allocation.get("devices") or {}).get("results")) or []
-    if not isinstance(results, list) or len(results) > MAX_RESULTS:
-        raise ClaimError(f"{label}: status.allocation.devices.results must be a list of at most {MAX_RESULTS}")
+    status = claim["status"]  # an object: allocated_results checked it
     reserved = status.get("reservedFor") or []
     if not isinstance(reserved, list) or len(reserved) > MAX_RESERVED:
         raise ClaimError(f"{label}: status.reservedFor must be a list of at most {MAX_RESERVED}")
@@ -56,10 +58,8 @@ def grant_from_claim(claim: Mapping[str, Any], *, namespace: str, name: str, uid
     mine: list[DeviceGrant] = []
     others = set()
     for r in results:
-        if not isinstance(r, dict):
-            raise ClaimError(f"{label}: a result in status.allocation.devices.results is not an object")
         if r.get("driver") != driver:
-            others.add(str(r.get("driver")))
+            others.add(str(r.get("driver"))[:MAX_DRIVER])
             continue
         mine.append(_device_grant(label, r, pool, inventory))
     if not mine:
@@ -69,30 +69,24 @@ def grant_from_claim(claim: Mapping[str, Any], *, namespace: str, name: str, uid
 
 
 def _device_grant(label: str, r: Mapping[str, Any], pool: str, inv: Inventory) -> DeviceGrant:
-    device = str(r.get("device", ""))
-    where = f"{label}: device {r.get('pool')}/{device}"
-    if r.get("pool") != pool:
-        raise ClaimError(f"{where} is in pool {r.get('pool')!r}, not this node's pool {pool!r}")
-    index = device_index(device)
-    if index is None or index >= inv.count:
-        raise ClaimError(f"{where}: no such device on node {pool} (devices gpu-0..gpu-{inv.count - 1})")
-    gpu = inv.gpus[index]
-    card_bytes = gpu.memory_mib * MIB
-    consumed = r.get("consumedCapacity") or {}
-    if not isinstance(consumed, dict):
-        raise ClaimError(f"{where}: consumedCapacity must be an object")
+    """What one result of this driver consumes (the rule in gpumgr.dra_results, shared with the extender), checked
+    against what only the node knows: its pool and its cards."""
     try:
-        memory = parse_int(consumed["memory"]) if "memory" in consumed else card_bytes
-        cores = parse_int(consumed["cores"]) if "cores" in consumed else CORES
-    except QuantityError as e:
-        raise ClaimError(f"{where}: consumedCapacity: {e}") from None
-    if not 0 < memory <= card_bytes:
+        got = device_amount(r)
+    except ResultError as e:
+        raise ClaimError(f"{label}: {e}") from None
+    where = f"{label}: device {got.pool}/{got.device}"
+    if got.pool != pool:
+        raise ClaimError(f"{where} is in pool {got.pool!r}, not this node's pool {pool!r}")
+    if got.index >= inv.count:
+        raise ClaimError(f"{where}: no such device on node {pool} (devices gpu-0..gpu-{inv.count - 1})")
+    card_bytes = inv.gpus[got.index].memory_mib * MIB
+    memory = card_bytes if got.memory_bytes is None else got.memory_bytes
+    if memory > card_bytes:
         raise ClaimError(f"{where}: consumedCapacity memory {memory} bytes is outside 1..{card_bytes}")
-    if not 0 < cores <= CORES:
-        raise ClaimError(f"{where}: consumedCapacity cores {cores} is outside 1..{CORES}")
     share = r.get("shareID")
-    return DeviceGrant(request=str(r.get("request", "")), device=device, index=index,
-                       share_id=str(share) if share else "", memory_bytes=memory, cores=cores)
+    return DeviceGrant(request=str(r.get("request", "")), device=got.device, index=got.index,
+                       share_id=str(share) if share else "", memory_bytes=memory, cores=got.cores)
 
 
 def per_card(grant: ClaimGrant) -> list[CardGrant]:

@@ -25,13 +25,6 @@ def device_name(index: int) -> str:
     return f"gpu-{index}"
 
 
-def device_index(name: str) -> int | None:
-    """`gpu-3` -> 3; anything else None."""
-    if not name.startswith("gpu-") or not name[4:].isdigit() or len(name) > 10:
-        return None
-    return int(name[4:])
-
-
 def build_spec(inventory: Inventory, node_name: str, driver: str, unhealthy: Mapping[int, str],
                memory_unit_mib: int, generation: int,
                held_elsewhere: Mapping[int, tuple[int, int]] | None = None) -> dict[str, Any]:

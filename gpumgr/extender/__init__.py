@@ -3,7 +3,7 @@
 Modules, from the wire inwards:
     wire       the extender JSON (`k8s.io/kube-scheduler/extender/v1`): parsing and replies
     handlers   the aiohttp routes
-    body       reading a request body within bounds (size after decompression, time, a shared budget)
+    (request bodies are read within bounds by `gpumgr.httpbody`, shared with the webhook)
     lane       one request's CPU work at a time, smallest body first
     (the listening socket, with TLS, a cap on open connections and the handshake timeout, is
                `gpumgr.httpsite.CappedSite`, shared with the webhook)
@@ -16,6 +16,7 @@ Modules, from the wire inwards:
     watcher    list + watch of nodes and pods, feeding the cluster view
     slim       the parts of a pod the view keeps
     cluster    the cluster view: nodes, what every pod holds, assumed holdings, cached fits
+    plan       per-node summaries and per-class answers that let one filter skip most nodes
     nodestate  one node: inventory, topology, ledger of holdings
     claims     what a pod holds, read from its annotations
     ask        what a pod asks for, read from its containers and model annotations

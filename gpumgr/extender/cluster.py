@@ -8,8 +8,9 @@ are observed; otherwise what its annotations say.
 Fits are cached per node and per pod ask until the node changes, and memoised across nodes by (hardware
 shape, ledger state, ask), since `fit_pod` is a pure function of those. A new ask's first call visits every node:
 it reads each node's card rows (`NodeState`, kept up to date as pods come and go) instead of the ledger, and
-answers nodes that are alike for that ask once (`Plan`): a share by the node's tightest fitting shared card, whole
-cards by which cards are healthy and free. tests/extender/test_fit_cache.py holds these to the plain computation.
+answers nodes that are alike for that ask once (`Plan`, plan.py): a share by the node's tightest fitting shared
+card, whole cards by which cards are healthy and free. tests/extender/test_fit_cache.py holds these to the plain
+computation.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from gpumgr import podspec
 from gpumgr.allocator import HUNDRED, Allocation, Ledger
-from gpumgr.allocator.fragment import rank_every_set, rank_free
+from gpumgr.allocator.fragment import rank_every_set
 from gpumgr.allocator.ledger import CLAIM_PREFIX, ClaimHolder, LedgerError
 from gpumgr.choices import ANN_CORDON, allowed_cards, node_cordon
 from gpumgr.dra_results import DriverResult
@@ -31,7 +32,7 @@ from gpumgr.extender.ask import PodAsk, pod_uid
 from gpumgr.extender.claims import FINISHED, Claim, pod_claim
 from gpumgr.extender.fit import Fit, fast_place, packing, place, quick_check, static_check, with_packing
 from gpumgr.extender.nodestate import NodeState, Shape, build_shape, full_state, shape_of, whole_state
-from gpumgr.levels import LevelKey
+from gpumgr.extender.plan import Plan
 from gpumgr.node_inventory import InventoryAnnotationError, decode
 
 log = logging.getLogger(__name__)
@@ -315,9 +316,10 @@ class ClusterView:
             self._wanted.setdefault(node_name, set()).add(uid)
             self._wanted_at[uid] = node_name
         was = self._applied.pop(uid, None)
-        if was is not None and was in self.nodes:
-            self.nodes[was].drop(uid)
         node = self.nodes.get(node_name) if node_name else None
+        usable = node is not None and node.shape is not None
+        if was is not None and was in self.nodes and (not usable or was != node_name):
+            self.nodes[was].drop(uid)  # on the same node, hold() replaces it in place (it keeps its turn)
         if node is None or node.shape is None:
             return
         if allocs is None:
@@ -476,7 +478,7 @@ class ClusterView:
         allowed, never = self._static(shape, ask)
         if never is not None:
             return None
-        return Plan(self, shape, ask, allowed)
+        return Plan(shape, ask, allowed, self.classify, self._first)
 
     def _node_changed(self, name: str) -> None:
         for table in (self._verdicts, self._placements):
@@ -534,113 +536,6 @@ class ClusterView:
         if len(self._memo) >= MAX_MEMO:
             del self._memo[next(iter(self._memo))]
         self._memo[key] = fit
-
-
-class Plan:
-    """The first verdicts of one ask on the nodes of one shape (no cordon, no per-pod card choices): nodes in
-    the same state for this ask get the same Fit, found by a small key instead of placing again.
-
-    A share goes on the first of the node's shared cards that fits (`fast_place`), and its Fit is then a function
-    of that card's used cores and free memory and the node's used cores in all (`packing`). Whole cards are a
-    function of which cards are healthy and free (`NodeState.whole_key`); their Fit, of that and the node's
-    used cores, since a free card holds nothing (no cores, all its memory free). Anything else (no shared card
-    fits, the pod does not fit, `spread`): None, and `ClusterView._first` decides. Several shares: each on the
-    tightest of the shared cards as the earlier ones left them, as long as one fits."""
-
-    def __init__(self, view: ClusterView, shape: Shape, ask: PodAsk, allowed: tuple[bool, ...]):
-        self.view, self.shape, self.ask, self.allowed = view, shape, ask, allowed
-        need = ask.containers[0]
-        self.whole = need.cores >= HUNDRED
-        self.cores, self.mem = need.cores, need.memory_units * shape.unit_mib
-        self.all_allowed = False not in allowed
-        self.share = not self.whole and ask.choices.policy != "spread"
-        self.several = [(c.cores, c.memory_units * shape.unit_mib) for c in ask.containers] if len(
-            ask.containers) > 1 else []
-        self.fits: dict[tuple[int, ...], Fit | None] = {}
-        self.on_free: dict[int, tuple[tuple[int, ...], ...] | None] = {}  # whole_key -> where a share goes
-        self.classes: dict[int, tuple[tuple[int, ...], ...] | Fit] = {}  # whole_key -> whole cards, or why not
-        self.worsts: dict[tuple[tuple[int, ...], ...], LevelKey | None] = {}  # cards -> their worst link
-
-    def fit(self, node: NodeState) -> Fit | None:
-        key: tuple[int, ...]
-        if self.several:
-            return self._shares(node)
-        if self.share:
-            cores, mem, allowed = self.cores, self.mem, self.allowed
-            for r in node.shared:
-                if r.free_cores >= cores and r.free_memory_mib >= mem and allowed[r.index]:
-                    key = (r.index, r.used_cores, r.free_memory_mib, node.used_total)
-                    fit = self.fits.get(key)
-                    if fit is None:
-                        fit = self.fits[key] = self._make(node, ((r.index,),))
-                    return fit
-            # no shared card fits: the share goes on a free card, chosen by which cards are healthy and free
-            key = (-2, node.whole_key, node.used_total)
-            if key not in self.fits:
-                if node.whole_key not in self.on_free:
-                    self.on_free[node.whole_key] = fast_place(
-                        self.shape.topology, node.rows, node.shared, allowed, self.shape.unit_mib, self.ask)
-                placed = self.on_free[node.whole_key]
-                self.fits[key] = None if placed is None else self._make(node, placed)
-            return self.fits[key]
-        if not self.whole:
-            return None
-        got = self.classes.get(node.whole_key)
-        if got is None:
-            cards = self.view.classify(self.shape, self.ask, self.allowed, node)
-            # where the pod does not fit, the verdict too is a function of which cards are healthy and free
-            got = self.classes[node.whole_key] = (cards if cards is not None
-                                                  else self.view._first(node, self.shape, self.ask, True))
-        if isinstance(got, Fit):
-            return got
-        key = (-1, node.whole_key, node.used_total)
-        fit = self.fits.get(key)
-        if fit is None:
-            fit = self.fits[key] = self._make(node, got)
-        return fit
-
-    def _shares(self, node: NodeState) -> Fit | None:
-        """Several shares, placed as `fast_place` places them: each on the tightest fitting shared card (as the
-        earlier containers left it), else on a free card in `_share_pick`'s order (a free card holds nothing: all
-        its cores and memory are free); None when one does not fit."""
-        allowed, rows = self.allowed, node.rows
-        left = {r.index: [r.free_cores, r.free_memory_mib, r.used_cores] for r in node.shared if allowed[r.index]}
-        free = [r.index for r in rows if r.healthy and r.mode == "free" and allowed[r.index]]
-        out = []
-        for cores, mem in self.several:
-            best: tuple[int, int, int] | None = None
-            for i, (free_cores, free_mem, _used) in left.items():
-                if free_cores >= cores and free_mem >= mem and (best is None or (free_cores, free_mem, i) < best):
-                    best = (free_cores, free_mem, i)
-            if best is not None:
-                i = best[2]
-                card = left[i]
-                card[2] += cores
-                card[0] = max(0, HUNDRED - card[2])
-                card[1] -= mem
-            else:
-                fitting = [c for c in free if rows[c].memory_mib >= mem]
-                if not fitting:
-                    return None
-                ranked = rank_free(self.shape.topology, fitting)
-                if self.ask.choices.policy == "topology":
-                    i = ranked[0]
-                else:
-                    rank = {c: k for k, c in enumerate(ranked)}
-                    i = min(fitting, key=lambda c: (rows[c].memory_mib - mem, rank[c], c))
-                free.remove(i)
-                left[i] = [max(0, HUNDRED - cores), rows[i].memory_mib - mem, cores]
-            out.append((i,))
-        return self._make(node, tuple(out))
-
-    def _make(self, node: NodeState, placed: tuple[tuple[int, ...], ...]) -> Fit:
-        p = packing(placed, node.rows, self.allowed, self.shape.unit_mib, self.ask,
-                    node.used_total if self.all_allowed else None)
-        if len(placed) == 1 and len(placed[0]) == 1:
-            return Fit.placed_at(placed, None, p)
-        if placed not in self.worsts:  # the same few sets on many nodes
-            self.worsts[placed] = max((self.shape.topology.worst(c) for c in placed if len(c) > 1), default=None)
-        return Fit.placed_at(placed, self.worsts[placed], p)
 
 
 @dataclass(frozen=True)

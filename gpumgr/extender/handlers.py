@@ -24,7 +24,6 @@ from aiohttp import web
 
 from gpumgr.extender.ask import AskError, PodAsk, pod_ask, pod_uid
 from gpumgr.extender.binder import Binder, BindRefused
-from gpumgr.extender.body import BodyBudget, BodyError, ClientGone, Limits, read_body
 from gpumgr.extender.cluster import ClusterView
 from gpumgr.extender.lane import SmallestFirst
 from gpumgr.extender.score import scores
@@ -37,6 +36,7 @@ from gpumgr.extender.wire import (
     parse_extender_args,
     priority_reply,
 )
+from gpumgr.httpbody import BodyBudget, BodyError, ClientGone, Limits, read_body
 
 log = logging.getLogger(__name__)
 

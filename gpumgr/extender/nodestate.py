@@ -73,32 +73,47 @@ class NodeState:
         return out
 
     def hold(self, uid: str, allocs: list[Allocation]) -> None:
-        """Record what `uid` holds here (replacing what it held before)."""
-        self.drop(uid)
-        if not allocs:
-            return
-        if not self._assign(uid, allocs):
-            self.waiting[uid] = allocs
-            log.warning("node %s: cards of pod %s conflict with other holdings; counted once they are free",
-                        self.name, uid)
-        self.changed({i for a in allocs for i in a.cards})
+        """Record what `uid` holds here, replacing what it held before. A holder keeps its place: its new holdings
+        are counted before any waiting holding is given the room its old ones leave (an update of a running pod
+        must not hand its cards to a claim the node refused)."""
+        self.waiting.pop(uid, None)
+        touched = self._release(uid)
+        if allocs:
+            if self._assign(uid, allocs):
+                touched.update(i for a in allocs for i in a.cards)
+            else:
+                self.waiting[uid] = allocs
+                log.warning("node %s: cards of %s conflict with other holdings; counted once they are free",
+                            self.name, uid)
+        if touched:
+            touched.update(self._admit_waiting())
+        self.changed(touched)
 
     def drop(self, uid: str) -> bool:
         self.waiting.pop(uid, None)
-        keys = self.keys.pop(uid, None)
-        if keys is None:
+        if uid not in self.keys:
             return False
+        touched = self._release(uid)
+        touched.update(self._admit_waiting())
+        self.changed(touched)
+        return True
+
+    def _release(self, uid: str) -> set[int]:
         touched: set[int] = set()
-        for k in keys:
+        for k in self.keys.pop(uid, ()):
             gone = self.ledger.release(k)
             if gone is not None:
                 touched.update(gone.cards)
+        return touched
+
+    def _admit_waiting(self) -> set[int]:
+        """Count the waiting holdings that fit now, oldest first; the cards they take."""
+        touched: set[int] = set()
         for other, allocs in list(self.waiting.items()):
             if self._assign(other, allocs):
                 del self.waiting[other]
                 touched.update(i for a in allocs for i in a.cards)
-        self.changed(touched)
-        return True
+        return touched
 
     def holds(self, uid: str) -> bool:
         return uid in self.keys or uid in self.waiting

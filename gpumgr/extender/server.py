@@ -30,7 +30,6 @@ from gpumgr import podspec
 from gpumgr.choices import ANN_CORDON
 from gpumgr.dra_results import DriverResult, claim_uid, driver_results
 from gpumgr.extender.binder import DEFAULT_SCHEDULER, Binder
-from gpumgr.extender.body import Limits
 from gpumgr.extender.cluster import ClusterView
 from gpumgr.extender.kubeaccess import CALL_TIMEOUT, KubeAccess
 from gpumgr.extender.leader import ElectionSettings, Elector
@@ -40,6 +39,7 @@ from gpumgr.extender.score import POLICIES
 from gpumgr.extender.slim import slim_pod
 from gpumgr.extender.tls import requires_client_certs
 from gpumgr.extender.watcher import Watcher
+from gpumgr.httpbody import Limits
 
 DRA_CLAIMS = ("auto", "on", "off")
 DRA_DRIVER = "vgpu.gpumgr.io"  # gpumgr.dra.config.DRIVER_NAME

@@ -15,7 +15,8 @@ The agent reads it through `/proc/<host pid>/root/dev/shm`, for one of the conta
 the container's to write, so everything is bounded (PIDs tried, names listed, files read, bytes per file), the path
 is walked one component at a time from `/proc/<pid>/root` with no symlink followed at any step (an absolute link at
 `dev` or `dev/shm` would otherwise resolve against the agent's own root), and only well-formed UUIDs and known modes
-come out.
+come out. Each container's answer is reused for CACHE_S seconds (keyed by container id and the PIDs tried), so
+however often /metric is scraped, the agent walks a container's directory at most once per window.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 MODES = ("process", "device", "unthrottled")
@@ -36,23 +39,65 @@ MAX_ENTRIES = 512
 MAX_FILES = 16
 MAX_BYTES = 4096
 MAX_LOGGED = 4096
+CACHE_S = 10.0  # seconds one container's answer is reused
+MAX_CACHED = 1024  # containers whose answers are held
 
 log = logging.getLogger("gpumgr.metrics")
 
 
 class ShimStatusReader:
-    def __init__(self, proc_root: Path | str = "/proc", shared_dir: str = "dev/shm"):
+    """Reads are cached for `cache_s` seconds per (container, PIDs): a scraper calling /metric in a loop makes the
+    agent walk each container's directory at most once per window. At most MAX_CACHED answers are kept; those of
+    containers no longer asked about expire and are dropped."""
+
+    def __init__(self, proc_root: Path | str = "/proc", shared_dir: str = "dev/shm", cache_s: float = CACHE_S,
+                 clock: Callable[[], float] = time.monotonic):
         self.proc_root = Path(proc_root)
         parts = [p for p in shared_dir.split("/") if p]
         if not parts or any(p in (".", "..") for p in parts):
             raise ValueError(f"shared_dir {shared_dir!r}: must be a path below the container's root, without . or ..")
         self.shared_parts = parts
         self._logged: set[tuple[str, str, str]] = set()  # (container id, uuid, mode) already in the log
+        self._cache_s = cache_s
+        self._clock = clock
+        self._cache: dict[tuple[str, tuple[int, ...]], tuple[float, dict[str, str]]] = {}  # key -> (read at, modes)
+        self._swept = clock()
+        self._lock = threading.Lock()  # scrapes run in an executor: the cache is shared by its threads
 
     def modes(self, pids: Sequence[int], container_id: str) -> dict[str, str]:
         """Card UUID -> compute mode for the container whose processes are `pids` ({} when nothing says)."""
+        tried = tuple(int(p) for p in list(pids)[:MAX_PIDS])
+        key = (container_id, tried)
+        now = self._clock()
+        with self._lock:
+            self._sweep(now)
+            hit = self._cache.get(key)
+            if hit is not None and 0 <= now - hit[0] < self._cache_s:
+                return dict(hit[1])
+        found = self._read(tried, container_id)
+        with self._lock:
+            self._cache.pop(key, None)  # re-inserted last: the dict's order is the order of reads
+            self._cache[key] = (now, found)
+            while len(self._cache) > MAX_CACHED:
+                del self._cache[next(iter(self._cache))]
+        return dict(found)
+
+    def cached(self) -> int:
+        """How many containers' answers are held."""
+        with self._lock:
+            return len(self._cache)
+
+    def _sweep(self, now: float) -> None:
+        """Once per window, drop the answers that have expired (containers that are gone are no longer asked)."""
+        if 0 <= now - self._swept < self._cache_s:
+            return
+        self._swept = now
+        for key in [k for k, (at, _) in self._cache.items() if not 0 <= now - at < self._cache_s]:
+            del self._cache[key]
+
+    def _read(self, pids: Sequence[int], container_id: str) -> dict[str, str]:
         want = container_id.rsplit("://", 1)[-1].lower()
-        for pid in list(pids)[:MAX_PIDS]:
+        for pid in pids:
             found = self._from_pid(pid, want)
             if found is not None:
                 self._log_degraded(container_id, found)

@@ -9,6 +9,7 @@ capacities are integers (bytes, cores). The Kubernetes `quantity()` function and
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,7 +18,9 @@ from celpy import celtypes
 
 from gpumgr.dra.quantity import QuantityError, parse_int
 
-MAX_EXPRESSION = 10 * 1024  # the API's limit on one selector expression
+MAX_EXPRESSION = 10 * 1024  # bytes: the API's limit on one selector expression (CELSelectorExpressionMaxLength)
+MAX_PROGRAMS = 256  # compiled selectors kept
+_SHOWN = 200  # characters of an expression quoted in an error
 
 
 class CelError(ValueError):
@@ -45,22 +48,36 @@ _FUNCTIONS: Mapping[str, Any] = {
 
 
 class SelectorCache:
-    """Compiled selectors by text (compiling is the slow part)."""
+    """Compiled selectors by text (compiling is the slow part), the `max_programs` most recently used: a stream of
+    distinct expressions costs compile time, never unbounded memory."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_programs: int = MAX_PROGRAMS) -> None:
+        if max_programs < 1:
+            raise ValueError(f"max_programs {max_programs}: must be at least 1")
         self._env = celpy.Environment()
-        self._programs: dict[str, Any] = {}
+        self._max = max_programs
+        self._programs: OrderedDict[str, Any] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._programs)
 
     def program(self, expression: str) -> Any:
-        if len(expression) > MAX_EXPRESSION:
-            raise CelError(f"CEL expression longer than {MAX_EXPRESSION} bytes")
+        if not isinstance(expression, str):
+            raise CelError(f"CEL expression must be a string, not {type(expression).__name__}")
+        size = len(expression.encode("utf-8", "surrogatepass"))
+        if size > MAX_EXPRESSION:
+            raise CelError(f"CEL expression of {size} bytes is longer than the limit of {MAX_EXPRESSION} bytes")
         prog = self._programs.get(expression)
-        if prog is None:
-            try:
-                prog = self._env.program(self._env.compile(expression), functions=dict(_FUNCTIONS))
-            except celpy.CELParseError as e:
-                raise CelError(f"CEL expression {expression!r} does not compile: {e}") from None
-            self._programs[expression] = prog
+        if prog is not None:
+            self._programs.move_to_end(expression)
+            return prog
+        try:
+            prog = self._env.program(self._env.compile(expression), functions=dict(_FUNCTIONS))
+        except celpy.CELParseError as e:
+            raise CelError(f"CEL expression {expression[:_SHOWN]!r} does not compile: {e}") from None
+        self._programs[expression] = prog
+        while len(self._programs) > self._max:
+            self._programs.popitem(last=False)
         return prog
 
     def matches(self, expression: str, device: Mapping[str, Any]) -> bool:
@@ -68,11 +85,12 @@ class SelectorCache:
         try:
             result = prog.evaluate({"device": device})
         except Exception as e:  # noqa: BLE001 - celpy raises several types
-            raise CelError(f"CEL expression {expression!r} failed: {e}") from None
+            raise CelError(f"CEL expression {expression[:_SHOWN]!r} failed: {e}") from None
         if isinstance(result, celpy.CELEvalError):
-            raise CelError(f"CEL expression {expression!r} failed: {result.args[0] if result.args else result}")
+            why = result.args[0] if result.args else result
+            raise CelError(f"CEL expression {expression[:_SHOWN]!r} failed: {why}")
         if not isinstance(result, celtypes.BoolType | bool):
-            raise CelError(f"CEL expression {expression!r} gave {type(result).__name__}, not a bool")
+            raise CelError(f"CEL expression {expression[:_SHOWN]!r} gave {type(result).__name__}, not a bool")
         return bool(result)
 
 

@@ -262,8 +262,11 @@ class DraScheduler:
         dclass = self.store.get_object("deviceclasses", str(class_name)) if class_name else None
         if dclass is None:
             raise Unschedulable(f"{label}: request {request}: DeviceClass {class_name!r} not found")
-        selectors = [s["cel"]["expression"] for s in ((dclass.get("spec") or {}).get("selectors") or [])
-                     + list(exact.get("selectors") or []) if (s or {}).get("cel")]
+        try:
+            selectors = _cel_expressions((dclass.get("spec") or {}).get("selectors")) \
+                + _cel_expressions(exact.get("selectors"))
+        except CelError as e:
+            raise Unschedulable(f"{label}: request {request}: {e}") from None
         asked = {k: v for k, v in ((exact.get("capacity") or {}).get("requests") or {}).items()}
         tolerations = list(exact.get("tolerations") or [])
         out = []
@@ -463,3 +466,23 @@ class Candidate:
 
 
 __all__ = ["ApiError", "DraScheduler", "Unschedulable", "round_request"]
+
+
+def _cel_expressions(selectors: Any) -> list[Any]:
+    """The CEL expressions of a list of DeviceSelectors (each `{"cel": {"expression": ...}}`); CelError when the
+    list or a selector is not shaped so (the API server would have refused it)."""
+    if selectors is None:
+        return []
+    if not isinstance(selectors, list):
+        raise CelError("selectors must be a list")
+    out = []
+    for s in selectors:
+        if not isinstance(s, Mapping):
+            raise CelError("a selector must be an object")
+        cel = s.get("cel")
+        if cel is None:
+            continue
+        if not isinstance(cel, Mapping) or "expression" not in cel:
+            raise CelError("a selector's cel must be an object with an expression")
+        out.append(cel["expression"])
+    return out

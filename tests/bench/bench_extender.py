@@ -240,7 +240,7 @@ async def hostile(kubeconfig: Path, names: list[str], rounds: int) -> None:
 
     import aiohttp
 
-    from gpumgr.extender.body import DEFAULT_MAX_BODY
+    from gpumgr.httpbody import DEFAULT_MAX_BODY
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -334,7 +334,7 @@ def _latencies(samples: list[float]) -> str:
 
 def _attack_process(base: str, port: int, conn: Any) -> None:
     """In a child process: every attack of `hostile` until told to stop; sends back the counts."""
-    from gpumgr.extender.body import DEFAULT_MAX_BODY
+    from gpumgr.httpbody import DEFAULT_MAX_BODY
 
     async def run() -> dict[str, int]:
         stop = asyncio.Event()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -34,8 +35,8 @@ def test_the_schema_rejects_a_broken_spec():
 
 
 def test_lowest_version_covering_the_fields():
-    base = dict(claim_uid="u1", gpus=[(0, 0, "GPU-0")], ctl_devices=[], driver_dir="/d", shim_dir="/s",
-                vdevice_dir=Path("/v"), limited=False, shim_log_level=2)
+    base: dict[str, Any] = dict(claim_uid="u1", gpus=[(0, 0, "GPU-0")], ctl_devices=[], driver_dir="/d",
+                                shim_dir="/s", vdevice_dir=Path("/v"), limited=False, shim_log_level=2)
     assert cdi.build_spec(**base, annotations={})["cdiVersion"] == "0.5.0"  # deviceNodes[].hostPath
     assert cdi.build_spec(**base, annotations={"a": "b"})["cdiVersion"] == "0.6.0"
     assert cdi.minimum_version({"kind": "a.b/c", "devices": [{"name": "x", "containerEdits": {
@@ -72,3 +73,46 @@ def test_the_runtime_stand_in_refuses_a_spec_with_one_device_name_twice(tmp_path
     (tmp_path / "x.json").write_text(json.dumps(spec))
     with pytest.raises(CdiResolveError, match="duplicate device name"):
         resolve([cdi.qualified(cdi.device_name("u1", 0))], [tmp_path])
+
+
+_SHORT_WRITE = """
+import json, resource, signal, sys
+from pathlib import Path
+from gpumgr.dra import cdi
+
+root, limit = Path(sys.argv[1]), int(sys.argv[2])
+spec = json.loads(sys.stdin.read())
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit: a short write, then EFBIG (not a kill)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    cdi.CdiDir(root).write("u1", spec)
+except OSError as e:
+    print("refused", e.errno)
+else:
+    print("written")
+"""
+
+
+def test_a_short_write_leaves_the_previous_spec_in_place_and_no_temp_file(tmp_path: Path):
+    """A real short write: a file-size limit (RLIMIT_FSIZE, as a nearly full disk would) lets the first write(2)
+    store only part of the spec. In a child process, so the limit touches nothing else."""
+    import subprocess
+    import sys
+
+    base: dict[str, Any] = dict(claim_uid="u1", ctl_devices=["/dev/nvidiactl"], driver_dir="/d", shim_dir="/s",
+                                vdevice_dir=Path("/v"), limited=True, shim_log_level=2, annotations={})
+    store = cdi.CdiDir(tmp_path)
+    old = store.write("u1", cdi.build_spec(**base, gpus=[(0, 0, "GPU-0")]))
+    before = old.read_bytes()
+    new = cdi.build_spec(**base, gpus=[(i, i, f"GPU-{i}") for i in range(8)])
+    limit = 512
+    assert len(json.dumps(new, indent=2)) > 2 * limit
+    done = subprocess.run([sys.executable, "-c", _SHORT_WRITE, str(tmp_path), str(limit)], input=json.dumps(new),
+                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == "refused", done.stdout
+    assert old.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [old.name]
+    # with room again, the same spec is written whole
+    store.write("u1", new)
+    assert json.loads(old.read_text()) == new

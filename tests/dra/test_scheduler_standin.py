@@ -66,6 +66,16 @@ def test_cel_selector_picks_by_attribute_and_capacity():
         DraScheduler(store).allocate_claim(NS, "broken", NODE)
 
 
+@pytest.mark.parametrize("selectors", [[{"cel": "true"}], ["true"], {"cel": {"expression": "true"}},
+                                       [{"cel": {"exp": "true"}}]])
+def test_a_misshapen_selector_makes_the_claim_unschedulable_not_the_stand_in_crash(selectors):
+    store = store_with_slice()
+    claim(store, "odd", [{"name": "g", "exactly": {"deviceClassName": "vgpu.gpumgr.io", "selectors": selectors}}])
+    with pytest.raises(Unschedulable, match="selector"):
+        DraScheduler(store).allocate_claim(NS, "odd", NODE)
+    assert "allocation" not in (store.get_object("resourceclaims", "odd", NS) or {}).get("status", {})
+
+
 def test_taints_are_avoided_unless_tolerated():
     store = store_with_slice(2, {0: "xid-79"})
     claim(store, "a", [{"name": "g", "exactly": {"deviceClassName": "gpu.gpumgr.io", "count": 2}}])

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpumgr import podspec
-from gpumgr.extender.body import Limits
+from gpumgr.httpbody import Limits
 from gpumgr.sim.kubeapi import KubeApiServer
 from tests.extender.support import args, inventory, node, pod
 

@@ -1,6 +1,7 @@
 """Reading a request body within bounds: size (after decompression), encoding, time, and a shared budget.
 
-Every verb reads its body here, never with `request.read()`:
+Shared by the HTTP servers of gpumgr (the scheduler extender and the admission webhook); every request body is
+read here, never with `request.read()`:
   - a `Content-Length` over the limit is refused (413) before a byte of the body is read;
   - `Content-Encoding: gzip` / `deflate` bodies are inflated chunk by chunk with an output cap, and refused
     (413) as soon as the expansion passes the limit — a gzip bomb is never expanded beyond it;
@@ -8,12 +9,14 @@ Every verb reads its body here, never with `request.read()`:
   - the bytes of all bodies being read at once share one budget (`BodyBudget`); when it is spent, a new body is
     refused at once (503) instead of growing memory with the number of callers;
   - a caller that goes away mid-upload ends the request with one log line (`ClientGone`), no traceback.
+
+`Limits` also holds the server's connection settings, and refuses values outside the bounds below: a limit set
+too high would quietly switch off the protection it exists for.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -27,9 +30,21 @@ DEFAULT_BODY_TIMEOUT = 10.0  # seconds for a request's whole body (and for the c
 DEFAULT_MAX_CONNECTIONS = 128  # open connections at once; more are answered 503 and closed
 BUDGET_BODIES = 16  # the bodies in flight at once may add up to this many times the body limit
 
+# The bounds of the settings (the flags of `gpumgr extender` and `gpumgr webhook` check them first, by name).
+MIN_BODY_BYTES = 1024  # an extender call with a few node names, or a small AdmissionReview
+# 5,000 whole Node objects (nodeCacheCapable: false, 5-10 KB each) are ~50 MB; above that a body is no scheduler's.
+# The budget (16 bodies) is then at most 1 GiB. The chart's schema has the same maximum for extender.maxBodyBytes.
+MAX_BODY_BYTES = 64 * 1024 * 1024
+# Seconds. kube-scheduler gives an extender call 30 s by default and the API server a webhook call at most 30 s;
+# a header or body timeout above 10 min protects nothing (a slow client holds its connection and buffers that long).
+MAX_TIMEOUT = 600.0
+# Each open connection holds a file descriptor and aiohttp's buffers. A scheduler keeps a few connections open and
+# the API server some dozens; a cap above the process's descriptor limit would never act (accept fails first).
+MAX_CONNECTIONS = 10_000
+
 
 class BodyError(Exception):
-    """A body the extender will not read: answered with `status` and a JSON `Error`."""
+    """A body the server will not read: answered with `status` and a JSON `Error`."""
 
     def __init__(self, status: int, message: str, close: bool = False):
         super().__init__(message)
@@ -140,12 +155,12 @@ class Limits:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     def __post_init__(self) -> None:
-        if self.max_body_bytes < 1024:
-            raise ValueError(f"max_body_bytes {self.max_body_bytes}: at least 1024")
-        if not all(0 < t < math.inf for t in (self.header_timeout, self.body_timeout)):  # nan and inf too
-            raise ValueError("timeouts must be positive and finite")
-        if self.max_connections < 1:
-            raise ValueError(f"max_connections {self.max_connections}: at least 1")
+        if not MIN_BODY_BYTES <= self.max_body_bytes <= MAX_BODY_BYTES:
+            raise ValueError(f"max_body_bytes {self.max_body_bytes}: from {MIN_BODY_BYTES} to {MAX_BODY_BYTES}")
+        if not all(0 < t <= MAX_TIMEOUT for t in (self.header_timeout, self.body_timeout)):  # nan and inf too
+            raise ValueError(f"timeouts must be positive and finite, at most {MAX_TIMEOUT:g} s")
+        if not 1 <= self.max_connections <= MAX_CONNECTIONS:
+            raise ValueError(f"max_connections {self.max_connections}: from 1 to {MAX_CONNECTIONS}")
 
     @property
     def budget_bytes(self) -> int:

@@ -1,0 +1,130 @@
+"""`Plan`: the first verdicts of one pod ask on the nodes of one hardware shape, answered once per class of nodes.
+
+Used by `ClusterView` (cluster.py) when a new ask's first call visits every node: nodes in the same state for the
+ask (a share: by the tightest fitting shared card; whole cards: by which cards are healthy and free) get one Fit.
+tests/extender/test_fit_cache.py holds these answers to the plain computation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpumgr.allocator import HUNDRED
+from gpumgr.allocator.fragment import rank_free
+from gpumgr.extender.ask import PodAsk
+from gpumgr.extender.fit import Fit, fast_place, packing
+from gpumgr.extender.nodestate import NodeState, Shape
+from gpumgr.levels import LevelKey
+
+# ClusterView.classify: the whole cards a one-container whole-card pod takes on the node (None: it does not fit)
+Classify = Callable[[Shape, PodAsk, tuple[bool, ...], NodeState], tuple[tuple[int, ...], ...] | None]
+# ClusterView._first: the verdict of a node not cached for the ask (the last argument: one whole-card container)
+First = Callable[[NodeState, Shape, PodAsk, bool], Fit]
+
+
+class Plan:
+    """The first verdicts of one ask on the nodes of one shape (no cordon, no per-pod card choices): nodes in
+    the same state for this ask get the same Fit, found by a small key instead of placing again.
+
+    A share goes on the first of the node's shared cards that fits (`fast_place`), and its Fit is then a function
+    of that card's used cores and free memory and the node's used cores in all (`packing`). Whole cards are a
+    function of which cards are healthy and free (`NodeState.whole_key`); their Fit, of that and the node's
+    used cores, since a free card holds nothing (no cores, all its memory free). Anything else (no shared card
+    fits, the pod does not fit, `spread`): None, and the view decides (`ClusterView._first`). Several shares:
+    each on the tightest of the shared cards as the earlier ones left them, as long as one fits."""
+
+    def __init__(self, shape: Shape, ask: PodAsk, allowed: tuple[bool, ...], classify: Classify, first: First):
+        self.shape, self.ask, self.allowed = shape, ask, allowed
+        self.classify, self.first = classify, first  # the view's (its class answers are cached across plans)
+        need = ask.containers[0]
+        self.whole = need.cores >= HUNDRED
+        self.cores, self.mem = need.cores, need.memory_units * shape.unit_mib
+        self.all_allowed = False not in allowed
+        self.share = not self.whole and ask.choices.policy != "spread"
+        self.several = [(c.cores, c.memory_units * shape.unit_mib) for c in ask.containers] if len(
+            ask.containers) > 1 else []
+        self.fits: dict[tuple[int, ...], Fit | None] = {}
+        self.on_free: dict[int, tuple[tuple[int, ...], ...] | None] = {}  # whole_key -> where a share goes
+        self.classes: dict[int, tuple[tuple[int, ...], ...] | Fit] = {}  # whole_key -> whole cards, or why not
+        self.worsts: dict[tuple[tuple[int, ...], ...], LevelKey | None] = {}  # cards -> their worst link
+
+    def fit(self, node: NodeState) -> Fit | None:
+        key: tuple[int, ...]
+        if self.several:
+            return self._shares(node)
+        if self.share:
+            cores, mem, allowed = self.cores, self.mem, self.allowed
+            for r in node.shared:
+                if r.free_cores >= cores and r.free_memory_mib >= mem and allowed[r.index]:
+                    key = (r.index, r.used_cores, r.free_memory_mib, node.used_total)
+                    fit = self.fits.get(key)
+                    if fit is None:
+                        fit = self.fits[key] = self._make(node, ((r.index,),))
+                    return fit
+            # no shared card fits: the share goes on a free card, chosen by which cards are healthy and free
+            key = (-2, node.whole_key, node.used_total)
+            if key not in self.fits:
+                if node.whole_key not in self.on_free:
+                    self.on_free[node.whole_key] = fast_place(
+                        self.shape.topology, node.rows, node.shared, allowed, self.shape.unit_mib, self.ask)
+                placed = self.on_free[node.whole_key]
+                self.fits[key] = None if placed is None else self._make(node, placed)
+            return self.fits[key]
+        if not self.whole:
+            return None
+        got = self.classes.get(node.whole_key)
+        if got is None:
+            cards = self.classify(self.shape, self.ask, self.allowed, node)
+            # where the pod does not fit, the verdict too is a function of which cards are healthy and free
+            got = self.classes[node.whole_key] = (cards if cards is not None
+                                                  else self.first(node, self.shape, self.ask, True))
+        if isinstance(got, Fit):
+            return got
+        key = (-1, node.whole_key, node.used_total)
+        fit = self.fits.get(key)
+        if fit is None:
+            fit = self.fits[key] = self._make(node, got)
+        return fit
+
+    def _shares(self, node: NodeState) -> Fit | None:
+        """Several shares, placed as `fast_place` places them: each on the tightest fitting shared card (as the
+        earlier containers left it), else on a free card in `_share_pick`'s order (a free card holds nothing: all
+        its cores and memory are free); None when one does not fit."""
+        allowed, rows = self.allowed, node.rows
+        left = {r.index: [r.free_cores, r.free_memory_mib, r.used_cores] for r in node.shared if allowed[r.index]}
+        free = [r.index for r in rows if r.healthy and r.mode == "free" and allowed[r.index]]
+        out = []
+        for cores, mem in self.several:
+            best: tuple[int, int, int] | None = None
+            for i, (free_cores, free_mem, _used) in left.items():
+                if free_cores >= cores and free_mem >= mem and (best is None or (free_cores, free_mem, i) < best):
+                    best = (free_cores, free_mem, i)
+            if best is not None:
+                i = best[2]
+                card = left[i]
+                card[2] += cores
+                card[0] = max(0, HUNDRED - card[2])
+                card[1] -= mem
+            else:
+                fitting = [c for c in free if rows[c].memory_mib >= mem]
+                if not fitting:
+                    return None
+                ranked = rank_free(self.shape.topology, fitting)
+                if self.ask.choices.policy == "topology":
+                    i = ranked[0]
+                else:
+                    rank = {c: k for k, c in enumerate(ranked)}
+                    i = min(fitting, key=lambda c: (rows[c].memory_mib - mem, rank[c], c))
+                free.remove(i)
+                left[i] = [max(0, HUNDRED - cores), rows[i].memory_mib - mem, cores]
+            out.append((i,))
+        return self._make(node, tuple(out))
+
+    def _make(self, node: NodeState, placed: tuple[tuple[int, ...], ...]) -> Fit:
+        p = packing(placed, node.rows, self.allowed, self.shape.unit_mib, self.ask,
+                    node.used_total if self.all_allowed else None)
+        if len(placed) == 1 and len(placed[0]) == 1:
+            return Fit.placed_at(placed, None, p)
+        if placed not in self.worsts:  # the same few sets on many nodes
+            self.worsts[placed] = max((self.shape.topology.worst(c) for c in placed if len(c) > 1), default=None)
+        return Fit.placed_at(placed, self.worsts[placed], p)
