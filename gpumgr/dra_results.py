@@ -11,6 +11,7 @@ memory fits on the card (the extender checks the last two against the node's pub
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ CORES = 100
 MAX_UID = 63
 MAX_POOL = 253
 MAX_MEMORY = 1 << 60  # bytes, exclusive: no card has an exabyte
+_GPU = re.compile(r"gpu-[0-9]{1,6}")  # ASCII digits only (str.isdigit() takes "²" and "٣")
 _SHOWN = 80  # characters of a bad value quoted in an error
 
 
@@ -62,7 +64,7 @@ def claim_uid(claim: Mapping[str, Any]) -> str:
 
 def gpu_index(device: object) -> int | None:
     """`gpu-3` -> 3; anything else (another name, not a string) None."""
-    if not isinstance(device, str) or not device.startswith("gpu-") or not device[4:].isdigit() or len(device) > 10:
+    if not isinstance(device, str) or not _GPU.fullmatch(device):
         return None
     return int(device[4:])
 

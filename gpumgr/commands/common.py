@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import TYPE_CHECKING
 
 from gpumgr.devices.types import Inventory
@@ -25,27 +26,28 @@ def env_flag(flag: str) -> bool:
     return str(env_default(flag, "") or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+_WHOLE = re.compile(r"[0-9]{1,12}")
+_SECONDS = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6})?")
+MIN_SECONDS = 0.01  # a timeout below 10 ms only fails every call
+
+
 def whole_flag(flag: str, text: object, low: int, high: int) -> int:
-    """A flag's whole number from `low` to `high`; InputError naming the flag otherwise."""
+    """A flag's whole number (plain ASCII digits) from `low` to `high`; InputError naming the flag otherwise."""
     t = str(text).strip()
-    try:
-        value = int(t) if t.isascii() else None
-    except ValueError:
-        value = None
+    value = int(t) if _WHOLE.fullmatch(t) else None
     if value is None or not low <= value <= high:
         raise InputError(f"{flag} {t[:40]!r}: expected a whole number from {low} to {high}")
     return value
 
 
 def seconds_flag(flag: str, text: object, high: float) -> float:
-    """A flag's seconds, more than 0 and at most `high` (not nan, not inf); InputError naming the flag otherwise."""
+    """A flag's seconds (digits, an optional decimal part: no exponent, sign, nan or inf), from MIN_SECONDS to
+    `high`; InputError naming the flag otherwise."""
     t = str(text).strip()
-    try:
-        value = float(t) if t.isascii() else None
-    except ValueError:
-        value = None
-    if value is None or not 0 < value <= high:  # nan and inf fail the comparison too
-        raise InputError(f"{flag} {t[:40]!r}: timeouts must be positive and finite seconds, at most {high:g}")
+    value = float(t) if _SECONDS.fullmatch(t) else None
+    if value is None or not MIN_SECONDS <= value <= high:
+        raise InputError(f"{flag} {t[:40]!r}: timeouts must be positive and finite seconds, from {MIN_SECONDS:g} "
+                         f"to {high:g} (digits and an optional decimal part)")
     return value
 
 

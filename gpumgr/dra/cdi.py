@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -121,8 +122,10 @@ class CdiDir:
             finally:
                 os.close(fd)
             os.replace(tmp, path)
+            _fsync_dir(self.root)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # the first error is the one to report
+                tmp.unlink(missing_ok=True)
             raise
         return path
 
@@ -157,3 +160,12 @@ def _write_all(fd: int, data: bytes) -> None:
         if n <= 0:
             raise OSError(errno.EIO, "write made no progress")
         view = view[n:]
+
+
+def _fsync_dir(path: Path) -> None:
+    """The rename itself survives a crash once the directory is synced."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -83,6 +83,8 @@ class ClusterView:
             return
         self._node_text[name] = digest
         self._node_cordon[name] = cordon
+        old = self.nodes.get(name)
+        turn = {u: i for i, u in enumerate([*old.keys, *old.waiting])} if old is not None else {}
         self.nodes[name] = self._build_node(name, inventory_text)
         if self.nodes[name].shape is not None:
             ann = {} if cordon_text is None else {ANN_CORDON: cordon_text}
@@ -90,10 +92,11 @@ class ClusterView:
             if self.nodes[name].cordon.error:
                 log.warning("node %s: %s", name, self.nodes[name].cordon.error)
         self._node_changed(name)
-        for uid in sorted(self._wanted.get(name, ())):
+        last = len(turn)  # holdings counted again in the order they were counted before (new ones after)
+        for uid in sorted(self._wanted.get(name, ()), key=lambda u: (turn.get(u, last), u)):
             self._applied.pop(uid, None)
             self._reconcile(uid)
-        for uid in sorted(self._dra_at.get(name, ())):
+        for uid in sorted(self._dra_at.get(name, ()), key=lambda u: (turn.get(CLAIM_PREFIX + u, last), u)):
             self._hold_claim(uid, name)
 
     def remove_node(self, name: str) -> None:

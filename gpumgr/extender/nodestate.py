@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpumgr.allocator import HUNDRED, Allocation, CardState, Ledger, LedgerError
+from gpumgr.allocator.ledger import CLAIM_PREFIX
 from gpumgr.choices import NO_CORDON, Cordon
 from gpumgr.devices.types import GPU
 from gpumgr.extender.claims import Claim
@@ -73,21 +74,26 @@ class NodeState:
         return out
 
     def hold(self, uid: str, allocs: list[Allocation]) -> None:
-        """Record what `uid` holds here, replacing what it held before. A holder keeps its place: its new holdings
-        are counted before any waiting holding is given the room its old ones leave (an update of a running pod
-        must not hand its cards to a claim the node refused)."""
-        self.waiting.pop(uid, None)
+        """Record what `uid` holds here, replacing what it held before. Who is counted when holdings conflict does
+        not depend on the order the extender learnt of them:
+        - a holder keeps its place: its new holdings are counted before any waiting holding is given the room its
+          old ones leave, and a waiting holder that still does not fit keeps its turn;
+        - a pod goes before a DRA claim (`dra/<uid>`): a pod the node refused fails and drops out, a claim the node
+          refused stays allocated in the API, so where both name the same room the pod is the one the node runs."""
         touched = self._release(uid)
-        if allocs:
-            if self._assign(uid, allocs):
-                touched.update(i for a in allocs for i in a.cards)
-            else:
-                self.waiting[uid] = allocs
+        if not allocs:
+            self.waiting.pop(uid, None)
+        elif self._assign(uid, allocs) or (not uid.startswith(CLAIM_PREFIX) and self._displace_claims(uid, allocs)):
+            self.waiting.pop(uid, None)
+            touched.update(i for a in allocs for i in a.cards)
+        else:
+            if uid not in self.waiting:
                 log.warning("node %s: cards of %s conflict with other holdings; counted once they are free",
                             self.name, uid)
+            self.waiting[uid] = allocs  # (an update of a waiting holder keeps its place in the queue)
         if touched:
             touched.update(self._admit_waiting())
-        self.changed(touched)
+            self.changed(touched)
 
     def drop(self, uid: str) -> bool:
         self.waiting.pop(uid, None)
@@ -96,6 +102,26 @@ class NodeState:
         touched = self._release(uid)
         touched.update(self._admit_waiting())
         self.changed(touched)
+        return True
+
+    def _displace_claims(self, uid: str, allocs: list[Allocation]) -> bool:
+        """Count pod `uid` in place of the claims counted on its cards, when that makes it fit; the claims then wait
+        (or stay, where they still fit). False, and nothing changed, when the pod does not fit even so."""
+        cards = {i for a in allocs for i in a.cards}
+        claims = {u: [self.ledger.allocations[k] for k in keys] for u, keys in self.keys.items()
+                  if u.startswith(CLAIM_PREFIX) and any(cards & set(self.ledger.allocations[k].cards) for k in keys)}
+        if not claims:
+            return False
+        for u in claims:
+            self._release(u)
+        if not self._assign(uid, allocs):
+            for u, held in claims.items():
+                self._assign(u, held)  # they were all counted together a moment ago
+            return False
+        for u, held in claims.items():
+            if not self._assign(u, held):
+                self.waiting[u] = held
+                log.warning("node %s: %s waits: pod %s holds its cards (the node runs the pod)", self.name, u, uid)
         return True
 
     def _release(self, uid: str) -> set[int]:

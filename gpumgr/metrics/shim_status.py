@@ -108,9 +108,10 @@ class ShimStatusReader:
         """One log line per container, card and degraded mode, the first time a scrape sees it."""
         for uuid, mode in sorted(modes.items()):
             key = (container_id, uuid, mode)
-            if mode == "process" or key in self._logged or len(self._logged) >= MAX_LOGGED:
-                continue
-            self._logged.add(key)
+            with self._lock:  # scrapes run on several threads: one line each, not one per thread
+                if mode == "process" or key in self._logged or len(self._logged) >= MAX_LOGGED:
+                    continue
+                self._logged.add(key)
             if mode == "unthrottled":
                 log.warning("container %s on %s: the vCUDA shim has no utilisation measure, so its compute limit "
                             "is not enforced", container_id, uuid)

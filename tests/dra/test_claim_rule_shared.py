@@ -53,6 +53,7 @@ RESULTS: list[Any] = [
     [consumed("8Gi")], [consumed([])], [consumed(["memory"])], [consumed(0)], [consumed("")],
     # the device and pool of a result
     [result("card-0")], [result(3)], [result("gpu-")], [result("gpu-01x")], [result(None)],
+    [result("gpu-²")], [result("gpu-٣")], [result("gpu-1234567")],
     [result(pool=5)], [result(pool="")], [result(pool=None)],
     # several results, other drivers
     [result("gpu-0", consumedCapacity={"cores": "30"}), result("gpu-1", consumedCapacity={"memory": "2Gi"})],
