@@ -1,7 +1,8 @@
 """Where the API server is and how to prove who we are: a kubeconfig subset, or the pod's service account.
 
 Supported in a kubeconfig: `current-context`; a cluster's `server`, `certificate-authority(-data)` and
-`insecure-skip-tls-verify`; a user's `client-certificate(-data)`, `client-key(-data)`, `token` and `tokenFile`.
+`insecure-skip-tls-verify` (not both: like client-go, a CA together with the insecure flag is refused); a user's
+`client-certificate(-data)`, `client-key(-data)`, `token` and `tokenFile`.
 Anything else that changes how we connect (exec or auth-provider plugins, basic auth, proxies, impersonation)
 is refused with one line naming the file and the field: guessing would send requests without credentials.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import os
 import ssl
 import tempfile
@@ -20,8 +22,17 @@ from typing import Any
 
 from gpumgr.docfile import InputError
 
+log = logging.getLogger("gpumgr.kube")
+
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 MAX_TOKEN_BYTES = 64 << 10
+MAX_CA_BYTES = 4 << 20  # a CA bundle; the system's whole bundle is ~200 KiB
+
+_Version = tuple[int, int, int] | None  # (inode, mtime, size) of a file; None: no such file
+_Versions = tuple[_Version, _Version, _Version]  # of the CA, client certificate and client key files
+
+_INSECURE_WITH_CA = ("insecure-skip-tls-verify is true and a certificate-authority is given: specifying a root "
+                     "certificates file with the insecure flag is not allowed (remove one of the two)")
 
 # Fields that are descriptive only; every other unknown field is refused.
 _CLUSTER_FIELDS = {"server", "certificate-authority", "certificate-authority-data", "insecure-skip-tls-verify",
@@ -51,6 +62,10 @@ class ClusterAccess:
     insecure: bool = False
     _token_seen: tuple[int, int, int] | None = field(default=None, repr=False)
     _token_cache: str | None = field(default=None, repr=False)
+    _tls_cache: ssl.SSLContext | None = field(default=None, repr=False)
+    _tls_seen: _Versions = field(default=(None, None, None), repr=False)  # of the files behind the cached context
+    _ca_loaded: bytes | None = field(default=None, repr=False)  # the CA bytes the cached context trusts
+    _tls_warned: _Versions | None = field(default=None, repr=False)  # the files' versions last warned about
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -76,15 +91,58 @@ class ClusterAccess:
                 self._token_seen = seen
             return self._token_cache
 
-    def ssl_context(self) -> ssl.SSLContext | None:
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The TLS settings for new connections (None for http://): the same object until the files behind it change.
+
+        The CA file and the client certificate and key files are watched like the token file (inode, mtime, size):
+        in a pod they are projected, and replaced when the cluster's root CA or the certificate is rotated. The
+        kubelet also re-projects every file of a service-account volume when it refreshes the token, so a CA file
+        that only got a new inode is compared by content: the same bytes keep the same context, silently. A reload
+        that fails (a file unreadable, not a certificate, a key that does not match) keeps the last good context,
+        with one warning per version of the files, and is tried again at the next call until it succeeds."""
         if not self.tls:
             return None
+        with self._lock:
+            cached = self._tls_cache
+            files = (self.ca_file, self.cert_file, self.key_file)
+            if cached is not None and not any(files):
+                return cached  # inline data and system roots never change
+            seen = (_version(files[0]), _version(files[1]), _version(files[2]))
+            if cached is not None and seen == self._tls_seen:
+                return cached
+            try:
+                ca = _read_ca(self.ca_file, self.source) if self.ca_file else self.ca_data
+                same = cached is not None and ca == self._ca_loaded and seen[1:] == self._tls_seen[1:]
+                ctx = cached if same and cached is not None else self._context(ca)
+            except KubeConfigError as e:
+                if cached is None:
+                    raise
+                if seen != self._tls_warned:
+                    self._tls_warned = seen
+                    log.warning("%s; new connections keep the TLS settings loaded before", e)
+                return cached  # `_tls_seen` is kept: the next call tries again (the failure may not last)
+            if ctx is not cached and cached is not None:
+                changed = [f for f, now, was in zip(files[1:], seen[1:], self._tls_seen[1:], strict=True) if now != was]
+                if ca != self._ca_loaded:
+                    changed.insert(0, files[0])
+                log.info("%s: %s changed; new connections use the new content", self.source,
+                         ", ".join(str(f) for f in changed))
+            self._tls_cache, self._tls_seen, self._ca_loaded = ctx, seen, ca
+            return ctx
+
+    def _context(self, ca: bytes | None) -> ssl.SSLContext:
+        """A TLS context trusting the PEM bytes `ca` (None: the system's roots), with the client certificate."""
+        if self.insecure and (self.ca_file or self.ca_data):
+            raise KubeConfigError(f"{self.source}: {_INSECURE_WITH_CA}")
+        where = self.ca_file or "certificate-authority-data"
+        pem = ca.decode("ascii", "replace") if ca is not None else None
+        if pem is not None and not pem.strip():  # ssl would take an empty string for "the system's roots"
+            raise KubeConfigError(f"{self.source}: the cluster's CA certificate ({where}) is empty")
         try:
-            ctx = ssl.create_default_context(
-                cafile=self.ca_file, cadata=self.ca_data.decode("ascii", "replace") if self.ca_data else None)
-        except (ssl.SSLError, OSError, ValueError) as e:
-            raise KubeConfigError(f"{self.source}: the cluster's CA certificate cannot be loaded "
-                                  f"({self.ca_file or 'certificate-authority-data'}): {e}") from None
+            ctx = ssl.create_default_context(cadata=pem)
+        except (ssl.SSLError, ValueError) as e:
+            raise KubeConfigError(f"{self.source}: the cluster's CA certificate cannot be loaded ({where}): {e}") \
+                from None
         if self.insecure:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
@@ -177,7 +235,9 @@ def load_kubeconfig(path: str) -> ClusterAccess:
         token=token or None, token_file=None if token else file_of(user, "tokenFile", uw), insecure=insecure)
     if bool(access.cert_file or access.cert_data) != bool(access.key_file or access.key_data):
         raise KubeConfigError(f"{src}: {uw} has a client certificate without a key, or a key without a certificate")
-    access.ssl_context()  # unreadable CA or client files are reported now, not at the first call
+    if insecure and (access.ca_file or access.ca_data):  # client-go refuses it too: which one was meant?
+        raise KubeConfigError(f"{src}: {cw}: {_INSECURE_WITH_CA}")
+    access.tls_context()  # unreadable CA or client files are reported now, not at the first call
     if access.token_file:
         access.bearer()
     return access
@@ -197,7 +257,7 @@ def in_cluster(env: dict[str, str] | None = None, sa_dir: str = SERVICE_ACCOUNT_
                            token_file=os.path.join(sa_dir, "token"))
     if not os.path.isfile(ca):
         raise KubeConfigError(f"in-cluster: no service-account CA at {ca}")
-    access.ssl_context()
+    access.tls_context()
     access.bearer()
     return access
 
@@ -219,6 +279,29 @@ def _only(obj: dict[str, Any], allowed: set[str], where: str) -> None:
     for key in obj:
         if key not in allowed:
             raise KubeConfigError(f"{where}.{key} is not supported by gpumgr (supported: {', '.join(sorted(allowed))})")
+
+
+def _version(path: str | None) -> _Version:
+    """What tells that a file changed (inode, mtime, size); None while it cannot be stat'ed (mid-swap, removed)."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _read_ca(path: str, source: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CA_BYTES + 1)
+    except OSError as e:
+        raise KubeConfigError(f"{source}: the cluster's CA certificate cannot be read ({path}): "
+                              f"{e.strerror or e}") from None
+    if len(raw) > MAX_CA_BYTES:
+        raise KubeConfigError(f"{source}: the cluster's CA certificate ({path}) is over {MAX_CA_BYTES} bytes")
+    return raw
 
 
 def _read_token(path: str, source: str) -> str:

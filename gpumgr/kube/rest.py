@@ -11,9 +11,13 @@ server fails a call instead of hanging it. Failures are `ApiError` (the server a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import ssl
+import threading
 from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -43,25 +47,45 @@ class ApiError(Exception):
 
 
 class KubeRest:
+    """Calls on the running event loop, over one aiohttp session made on that loop (a session belongs to one loop).
+
+    A call from another loop (a sync caller running `asyncio.run` per call) replaces the session; calls still running
+    on the old one keep it until they end. A session is closed on its own loop: by `aclose()`/`close()`, or when that
+    loop shuts down (`asyncio.run`, `asyncio.Runner` and `loop.shutdown_asyncgens()` close the async generators still
+    open on the loop, and the session is watched by one), or when that loop next runs after the session was replaced
+    and let go. The session of a loop closed without that shutdown is released by the next call or close.
+
+    The TLS context is given per call (`ClusterAccess.tls_context()`). aiohttp pools connections by it, so when
+    the cluster's CA or the client certificate files change, new calls open new connections with the new files, a
+    running watch goes on over its own, and idle connections made with the old files close after the keep-alive.
+    """
+
     def __init__(self, access: ClusterAccess, connect_timeout: float = CONNECT_TIMEOUT_S,
                  read_timeout: float = READ_TIMEOUT_S):
         self.access = access
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        self._ssl = access.ssl_context()
-        self._session: aiohttp.ClientSession | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        access.tls_context()  # unusable TLS settings fail here, not at the first call
+        self._slot: _Slot | None = None
         self._closing: set[asyncio.Task[None]] = set()
 
-    def _http(self) -> aiohttp.ClientSession:
-        """The session of the running loop (made on first use: a session belongs to one loop)."""
+    async def _here(self) -> _Slot:
+        """The running loop's session (a new one when the loop changed). A call holds the slot until it ends: the
+        guard of a session replaced meanwhile is finalized, and the session closed on its loop, only after that."""
         loop = asyncio.get_running_loop()
-        if self._session is None or self._session.closed or self._loop is not loop:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False, limit=32),
-                headers={"Accept": JSON, "User-Agent": "gpumgr-agent"}, auto_decompress=True)
-            self._loop = loop
-        return self._session
+        old = self._slot
+        if old is not None and old.loop is loop and not old.session.closed:
+            return old
+        new = self._slot = _Slot.open(loop)
+        await new.start()
+        if old is not None and old.loop.is_closed():
+            await old.close()  # nothing else can: its loop ended without shutting down its async generators
+        # a replaced session of a loop still alive is closed by that loop: when the loop shuts down, or the next
+        # time it runs after the guard, no longer held by anyone, was finalized
+        return new
+
+    def _ssl(self) -> ssl.SSLContext | bool:
+        return self.access.tls_context() or False
 
     def _headers(self, content_type: str | None, force_token: bool = False) -> dict[str, str]:
         h: dict[str, str] = {}
@@ -84,9 +108,10 @@ class KubeRest:
         """One call; the answer's JSON object. A 401 reads the token file again and tries once more (the token
         may have been rotated between our check and the server's)."""
         data = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
+        slot = await self._here()
         for attempt in (0, 1):
-            async with self._http().request(
-                    method, self.url(path), params=params, data=data, allow_redirects=False,
+            async with slot.session.request(
+                    method, self.url(path), params=params, data=data, allow_redirects=False, ssl=self._ssl(),
                     headers=self._headers(content_type if data is not None else None, force_token=attempt > 0),
                     timeout=self._timeout(total=self.connect_timeout + self.read_timeout * 2)) as resp:
                 if resp.status == 401 and attempt == 0 and self.access.token_file:
@@ -108,8 +133,9 @@ class KubeRest:
         """The events of a `?watch=true` stream, one JSON object a line, until the server ends it. An ERROR event
         is yielded like any other: the caller decides (410 Expired means list again)."""
         q = {**params, "watch": "true"}
-        async with self._http().get(self.url(path), params=q, headers=self._headers(None), allow_redirects=False,
-                                    timeout=self._timeout(read=read_timeout)) as resp:
+        slot = await self._here()
+        async with slot.session.get(self.url(path), params=q, headers=self._headers(None), allow_redirects=False,
+                                    ssl=self._ssl(), timeout=self._timeout(read=read_timeout)) as resp:
             if resp.status >= 400:
                 raise _error(resp.status, resp.reason, await resp.read())
             buf = bytearray()
@@ -128,25 +154,75 @@ class KubeRest:
                 yield _event(bytes(buf))
 
     async def aclose(self) -> None:
-        s, self._session = self._session, None
-        if s is not None and not s.closed:
-            await s.close()
+        """Close the session if it belongs to the running loop (calls still using it fail). The session of another
+        loop that is still alive is left to that loop, which closes it when it shuts down."""
+        slot = self._slot
+        if slot is not None and (slot.loop is asyncio.get_running_loop() or slot.loop.is_closed()):
+            self._slot = None
+            await slot.close()
 
     def close(self) -> None:
-        """For callers that cannot await: closes on the session's loop when it is the running one."""
-        s, self._session = self._session, None
-        if s is None or s.closed:
+        """For callers that cannot await: in a task when the session's loop is the running one; now, on that loop,
+        when it is idle and was made in this thread. Otherwise the loop closes it when it shuts down."""
+        slot = self._slot
+        if slot is None:
             return
         try:
             running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if running is not None and running is self._loop:
-            task = running.create_task(s.close())
+        if running is not None and (running is slot.loop or slot.loop.is_closed()):
+            self._slot = None
+            task = running.create_task(slot.close())
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
-        elif self._loop is not None and not self._loop.is_closed() and not self._loop.is_running():
-            self._loop.run_until_complete(s.close())
+        elif running is None and slot.loop.is_closed():
+            self._slot = None
+            asyncio.run(slot.close())  # only releases it: its connections went with its loop
+        elif running is None and not slot.loop.is_running() and slot.thread == threading.get_ident():
+            self._slot = None
+            slot.loop.run_until_complete(slot.close())
+
+
+@dataclass(eq=False)
+class _Slot:
+    """The session, the loop it belongs to (and the thread that made it), and its guard."""
+
+    loop: asyncio.AbstractEventLoop
+    thread: int
+    session: aiohttp.ClientSession
+    guard: AsyncGenerator[None, None]
+
+    @classmethod
+    def open(cls, loop: asyncio.AbstractEventLoop) -> _Slot:
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32),
+                                        headers={"Accept": JSON, "User-Agent": "gpumgr-agent"}, auto_decompress=True)
+        return cls(loop, threading.get_ident(), session, _closed_with_the_loop(session))
+
+    async def start(self) -> None:
+        """From now on the shutdown of the running loop closes the session (the guard's first step does not
+        suspend: the slot is complete before any other call runs)."""
+        await anext(self.guard)
+
+    async def close(self) -> None:
+        """Close the session: on its own loop, or anywhere once that loop is closed (then only a release: its
+        connections went with the loop). Best effort: the session is dropped either way."""
+        try:
+            with contextlib.suppress(RuntimeError):  # "already running": the loop's shutdown is closing it now
+                await self.guard.aclose()  # runs the guard's `finally`
+            if not self.session.closed:
+                await self.session.close()
+        except Exception as e:  # noqa: BLE001 - see above
+            log.debug("closing an API session failed: %s", e)
+
+
+async def _closed_with_the_loop(session: aiohttp.ClientSession) -> AsyncGenerator[None, None]:
+    """Suspended for as long as the session lives. The loop that first ran it closes it when the loop shuts down,
+    before the loop itself is closed, so that a session nobody closed still closes on its own loop."""
+    try:
+        yield
+    finally:
+        await session.close()
 
 
 async def _read_capped(resp: aiohttp.ClientResponse, cap: int, method: str, path: str) -> bytes:

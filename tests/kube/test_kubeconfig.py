@@ -147,6 +147,9 @@ def test_in_cluster_needs_the_service_environment_and_folder(tmp_path: Path) -> 
     (tmp_path / "ca.crt").write_text("not a certificate")
     with pytest.raises(KubeConfigError):
         in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}, str(tmp_path))
+    (tmp_path / "ca.crt").write_text("")  # an empty CA file trusts nothing: never the system's roots instead
+    with pytest.raises(KubeConfigError, match="ca.crt.*empty"):
+        in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}, str(tmp_path))
 
 
 def write(tmp_path: Path, text: str) -> str:
@@ -222,3 +225,18 @@ def test_a_kubeconfig_alias_bomb_is_refused_while_loading_and_never_printed(tmp_
     msg = str(err.value)
     assert len(msg) < 400 and "\n" not in msg and "xxxxxxxxxx" not in msg
     assert "aliases" in msg and str(path) in msg  # refused while loading, naming the file and line
+
+
+@pytest.mark.parametrize("ca", ["certificate-authority", "certificate-authority-data"])
+def test_a_ca_together_with_insecure_skip_tls_verify_is_refused(tmp_path: Path, certs: Certs, ca: str) -> None:
+    value = str(certs.ca) if ca == "certificate-authority" else b64(certs.ca)
+    both = CONFIG.replace("insecure-skip-tls-verify: true", f"insecure-skip-tls-verify: true, {ca}: '{value}'")
+    path = write(tmp_path, both % "{}")
+    with pytest.raises(KubeConfigError) as e:  # client-go refuses it too: which of the two was meant?
+        load_kubeconfig(path)
+    msg = str(e.value)
+    assert path in msg and "clusters[k]" in msg and "insecure-skip-tls-verify" in msg and ca.split("-data")[0] in msg
+    assert "\n" not in msg
+    write(tmp_path, both.replace("insecure-skip-tls-verify: true", "insecure-skip-tls-verify: false") % "{}")
+    access = load_kubeconfig(path)  # the CA alone is fine
+    assert access.ca_file or access.ca_data
