@@ -24,7 +24,15 @@ def test_bad_flags_are_refused_before_anything_starts(tmp_path):
     for args, words in [
         (("--temp-healthy", "99"), "health settings"),
         (("--health-ignore-xids", "13,x"), "comma list of numbers"),
-        (("--check-period", "0"), "--check-period must be at least"),
+        (("--check-period", "0"), "--check-period '0': timeouts must be positive and finite seconds, from 0.1"),
+        (("--check-period", "nan"), "--check-period 'nan'"),
+        (("--check-period", "1e9"), "--check-period '1e9'"),
+        (("--unrecorded-grace", "inf"), "--unrecorded-grace 'inf': expected seconds from 0 to 86400"),
+        (("--unrecorded-grace", "86401"), "--unrecorded-grace '86401'"),
+        (("--memory-unit-mib", str(10**12)), "--memory-unit-mib"),
+        (("--memory-unit-mib", "0"), "--memory-unit-mib '0': expected a whole number from 1 to 65536"),
+        (("--temp-unhealthy", "1000"), "--temp-unhealthy '1000'"),
+        (("--temp-healthy", "٣٠"), "--temp-healthy"),
         (("--metrics-addr", "nowhere"), "HOST:PORT"),
         (("--log-level", "loud"), "--log-level must be one of"),
     ]:

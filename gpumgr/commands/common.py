@@ -40,14 +40,16 @@ def whole_flag(flag: str, text: object, low: int, high: int) -> int:
     return value
 
 
-def seconds_flag(flag: str, text: object, high: float) -> float:
-    """A flag's seconds (digits, an optional decimal part: no exponent, sign, nan or inf), from MIN_SECONDS to
-    `high`; InputError naming the flag otherwise."""
+def seconds_flag(flag: str, text: object, high: float, low: float = MIN_SECONDS) -> float:
+    """A flag's seconds (digits, an optional decimal part: no exponent, sign, nan or inf), from `low` (by default
+    MIN_SECONDS) to `high`; InputError naming the flag otherwise."""
     t = str(text).strip()
     value = float(t) if _SECONDS.fullmatch(t) else None
-    if value is None or not MIN_SECONDS <= value <= high:
-        raise InputError(f"{flag} {t[:40]!r}: timeouts must be positive and finite seconds, from {MIN_SECONDS:g} "
-                         f"to {high:g} (digits and an optional decimal part)")
+    if value is None or not low <= value <= high:
+        raise InputError(f"{flag} {t[:40]!r}: timeouts must be positive and finite seconds, from {low:g} to {high:g} "
+                         "(digits and an optional decimal part)" if low > 0 else
+                         f"{flag} {t[:40]!r}: expected seconds from {low:g} to {high:g} (digits and an optional "
+                         "decimal part)")
     return value
 
 

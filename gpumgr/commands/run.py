@@ -11,11 +11,15 @@ import sys
 from pathlib import Path
 
 from gpumgr.agent.config import AgentConfig
-from gpumgr.commands.common import env_default, whole_number
+from gpumgr.commands.common import LOG_LEVELS, env_default, seconds_flag, whole_flag
 from gpumgr.podspec import ascii_uint
 
 log = logging.getLogger("gpumgr")
-LOG_LEVELS = ("debug", "info", "warning", "error")
+# bounds of the numeric flags (a value past them switches off what it sets, or is a typo)
+MAX_MEMORY_UNIT_MIB = 65536  # one unit of 64 GiB: larger than any card's memory
+MAX_CHECK_PERIOD_S = 3600.0  # a reconcile at least hourly
+MAX_GRACE_S = 86400.0  # an allocation the kubelet never recorded is freed within a day
+MAX_TEMP_C = 150  # no GPU runs hotter; the drivers' own slowdown/shutdown thresholds are below it
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -32,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     opt("--device-plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet device-plugin directory")
     opt("--vdevice-root", "/etc/gpu-manager/vm", "host directory of the per-container vDevice directories")
     opt("--checkpoint-dir", "/etc/gpu-manager/checkpoint", "directory of gpumgr's own checkpoint")
-    opt("--memory-unit-mib", "256", "MiB per tencent.com/vcuda-memory unit", type=whole_number)
+    opt("--memory-unit-mib", "256", f"MiB per tencent.com/vcuda-memory unit (1 to {MAX_MEMORY_UNIT_MIB})")
     opt("--simulate", "", "node spec (YAML/JSON): use the simulated GPU backend instead of NVML")
     opt("--driver-root", "/usr/lib/x86_64-linux-gnu", "host directory of the NVIDIA driver libraries")
     opt("--shim-dir", "/etc/gpu-manager/vdriver", "host directory the agent fills with lib64/libvcuda.so and "
@@ -46,12 +50,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     opt("--proc-root", "/proc", "the host's /proc (host PIDs)")
     opt("--cgroup-root", "/sys/fs/cgroup", "the host's cgroup mount")
     opt("--metrics-addr", "0.0.0.0:5678", "address of /metric, /graph, /usage, /healthz, /readyz")
-    opt("--check-period", "30", "seconds between full reconciliations", type=float)
-    opt("--unrecorded-grace", "60", "seconds an allocation the kubelet never recorded is kept before it is freed",
-        type=float)
+    opt("--check-period", "30", f"seconds between full reconciliations (0.1 to {MAX_CHECK_PERIOD_S:g})")
+    opt("--unrecorded-grace", "60", "seconds an allocation the kubelet never recorded is kept before it is freed "
+        f"(0 to {MAX_GRACE_S:g})")
     opt("--health-ignore-xids", "13,31,43,45,68,109", "application XIDs that do not make a card unhealthy")
-    opt("--temp-unhealthy", "95", "temperature (C) at which a card turns unhealthy", type=whole_number)
-    opt("--temp-healthy", "90", "temperature (C) below which it is healthy again", type=whole_number)
+    opt("--temp-unhealthy", "95", f"temperature (C) at which a card turns unhealthy (1 to {MAX_TEMP_C})")
+    opt("--temp-healthy", "90", f"temperature (C) below which it is healthy again (1 to {MAX_TEMP_C})")
     opt("--label-prefix", "gpumgr.io/", "prefix of the node labels")
     opt("--log-level", "info", "debug, info, warning, error")
     opt("--mode", "device-plugin", "front ends: device-plugin, dra (DRA driver) or both (one ledger for both)")
@@ -79,19 +83,20 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
     if not args.node_name:
         raise InputError("--node-name (or env GPUMGR_NODE_NAME / NODE_NAME) is required")
     try:
-        xids = tuple(whole_number(x) for x in str(args.health_ignore_xids).split(",") if x.strip())
-    except (ValueError, argparse.ArgumentTypeError):
+        xids = tuple(whole_flag("--health-ignore-xids", x, 0, 1 << 31) for x in str(args.health_ignore_xids).split(",")
+                     if x.strip())
+    except InputError:
         raise InputError(f"--health-ignore-xids must be a comma list of numbers, got {args.health_ignore_xids!r}") \
             from None
     if args.log_level not in LOG_LEVELS:
         raise InputError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
-    for flag, value, low in (("--memory-unit-mib", args.memory_unit_mib, 1), ("--check-period", args.check_period, 0.1),
-                             ("--unrecorded-grace", args.unrecorded_grace, 0)):
-        if value < low:
-            raise InputError(f"{flag} must be at least {low}, got {value}")
+    unit_mib = whole_flag("--memory-unit-mib", args.memory_unit_mib, 1, MAX_MEMORY_UNIT_MIB)
+    check_period = seconds_flag("--check-period", args.check_period, MAX_CHECK_PERIOD_S, low=0.1)
+    grace = seconds_flag("--unrecorded-grace", args.unrecorded_grace, MAX_GRACE_S, low=0)
+    temp_unhealthy = whole_flag("--temp-unhealthy", args.temp_unhealthy, 1, MAX_TEMP_C)
+    temp_healthy = whole_flag("--temp-healthy", args.temp_healthy, 1, MAX_TEMP_C)
     try:
-        HealthConfig(ignored_xids=frozenset(xids), temp_unhealthy_c=args.temp_unhealthy,
-                     temp_healthy_c=args.temp_healthy)
+        HealthConfig(ignored_xids=frozenset(xids), temp_unhealthy_c=temp_unhealthy, temp_healthy_c=temp_healthy)
     except ValueError as e:
         raise InputError(f"health settings: {e}") from None
     host, _, port = str(args.metrics_addr).rpartition(":")
@@ -101,11 +106,11 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
     return AgentConfig(
         node_name=args.node_name, kubeconfig=args.kubeconfig, device_plugin_dir=Path(args.device_plugin_dir),
         vdevice_root=Path(args.vdevice_root), checkpoint_dir=Path(args.checkpoint_dir),
-        memory_unit_mib=args.memory_unit_mib, simulate=args.simulate, driver_root=args.driver_root,
+        memory_unit_mib=unit_mib, simulate=args.simulate, driver_root=args.driver_root,
         shim_dir=args.shim_dir, shim_source=args.shim_source, nvml_lib=args.nvml_lib,
         dev_root=Path(args.dev_root), proc_root=Path(args.proc_root), cgroup_root=Path(args.cgroup_root),
-        metrics_addr=args.metrics_addr, check_period_s=args.check_period, grace_s=args.unrecorded_grace,
-        health_ignore_xids=xids, temp_unhealthy_c=args.temp_unhealthy, temp_healthy_c=args.temp_healthy,
+        metrics_addr=args.metrics_addr, check_period_s=check_period, grace_s=grace,
+        health_ignore_xids=xids, temp_unhealthy_c=temp_unhealthy, temp_healthy_c=temp_healthy,
         label_prefix=args.label_prefix, cdi=bool(args.cdi), extra=dra,
     )
 
