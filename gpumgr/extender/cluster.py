@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 MAX_MEMO = 50_000  # placements remembered across nodes
 MAX_ASKS = 64  # distinct pod asks whose per-node verdicts and placements are cached
 MISSING: Any = object()
+REUSE_FROM = 64  # uncached placements in a call from which `_reuse` looks at every name (after a new ask's filter)
 
 
 class ClusterView:
@@ -436,6 +437,8 @@ class ClusterView:
         if own is not None or None in out:
             if table is self._verdicts:
                 self._fill(ask, names, out, cache, own)
+            elif out.count(None) > REUSE_FROM:
+                self._reuse(ask, names, out, cache, own)
             for i, n in enumerate(names):
                 if out[i] is None or n == own:
                     out[i] = one(ask, uid, n)
@@ -469,6 +472,20 @@ class ClusterView:
                     fit = (plan.fit(node) if plan is not None and not node.cordon.cards else None) or self._first(
                         node, shape, ask, whole)
             out[i] = cache[n] = fit
+
+    def _reuse(self, ask: PodAsk, names: list[str], out: list[Fit | None], cache: dict[str, Fit],
+               own: str | None) -> None:
+        """`placement` for the known nodes not cached (but the pod's own node) whose verdict is cached and needs no
+        placing (placed, or not fitting), in one loop: prioritize after a new ask's first filter."""
+        verdicts = self._verdicts.get(ask.key)
+        if verdicts is None:
+            return
+        nodes = self.nodes
+        for i, n in enumerate(names):
+            if out[i] is None and n != own:
+                fit = verdicts.get(n)
+                if fit is not None and (fit.placed or not fit.ok) and n in nodes:
+                    out[i] = cache[n] = fit
 
     def _plan(self, shape: Shape, ask: PodAsk) -> Plan | None:
         """A `Plan` for nodes of `shape` without a cordon, when the pod has one GPU container (or several, each a

@@ -93,19 +93,8 @@ def packing(placed: tuple[tuple[int, ...], ...], cards: Sequence[CardRow], allow
     """The packing measure of `with_packing`. `used_total`: the sum of `min(used cores, 100)` over the allowed
     cards, when the caller knows it (the sum is of integers: the same whichever way it is made)."""
     if len(placed) == 1 and used_total is not None:  # the common case (each card once), in short
-        need = ask.containers[0]
-        whole = need.cores >= HUNDRED
-        total = used_total
-        on_cards = 0.0
-        for i in placed[0]:
-            c = cards[i]
-            taken = min(c.used_cores + (HUNDRED if whole else need.cores), HUNDRED)
-            used_mem = c.memory_mib - c.free_memory_mib + (c.memory_mib if whole else need.memory_units * unit_mib)
-            on_cards += (taken / HUNDRED + (min(used_mem / c.memory_mib, 1.0) if c.memory_mib else 1.0)) / 2
-            total += taken - min(c.used_cores, HUNDRED)
-        on_cards /= len(placed[0])
-        on_node = total / (HUNDRED * allowed.count(True))
-        return CARDS_WEIGHT * on_cards + (1 - CARDS_WEIGHT) * on_node
+        on_cards, added = cards_part(placed[0], cards, unit_mib, ask)
+        return node_packing(on_cards, used_total + added, allowed.count(True))
     add_cores: dict[int, int] = {}
     add_mem: dict[int, int] = {}
     for need, chosen in zip(ask.containers, placed, strict=True):
@@ -128,6 +117,28 @@ def packing(placed: tuple[tuple[int, ...], ...], cards: Sequence[CardRow], allow
         used_total = sum(min(cards[i].used_cores, HUNDRED) for i, ok in enumerate(allowed) if ok)
     on_node = (used_total + changed) / (HUNDRED * allowed.count(True))
     return CARDS_WEIGHT * on_cards + (1 - CARDS_WEIGHT) * on_node
+
+
+def cards_part(chosen: tuple[int, ...], cards: Sequence[CardRow], unit_mib: int, ask: PodAsk) -> tuple[float, int]:
+    """`packing` of one container of `ask` on the cards `chosen`, in two parts: how full those cards are afterwards
+    (0..1), and how much the pod adds to the node's used cores (each card counted up to 100). A function of those
+    cards' rows only: the first call of a new ask computes it once per card state, not once per node."""
+    need = ask.containers[0]
+    whole = need.cores >= HUNDRED
+    added = 0
+    on_cards = 0.0
+    for i in chosen:
+        c = cards[i]
+        taken = min(c.used_cores + (HUNDRED if whole else need.cores), HUNDRED)
+        used_mem = c.memory_mib - c.free_memory_mib + (c.memory_mib if whole else need.memory_units * unit_mib)
+        on_cards += (taken / HUNDRED + (min(used_mem / c.memory_mib, 1.0) if c.memory_mib else 1.0)) / 2
+        added += taken - min(c.used_cores, HUNDRED)
+    return on_cards / len(chosen), added
+
+
+def node_packing(on_cards: float, total: int, cards_allowed: int) -> float:
+    """`packing` from its parts: the fullness of the cards used (`cards_part`) and the node's used cores after."""
+    return CARDS_WEIGHT * on_cards + (1 - CARDS_WEIGHT) * (total / (HUNDRED * cards_allowed))
 
 
 def fast_place(topo: Topology, cards: Sequence[CardRow], shared: Sequence[CardRow], allowed: tuple[bool, ...],
@@ -317,15 +328,16 @@ class Fit:
     def placed_at(cls, cards: tuple[tuple[int, ...], ...], worst: LevelKey | None, packing: float) -> Fit:
         """A fitting, placed Fit, made the fast way: the first call of a new ask makes one per node."""
         fit = object.__new__(cls)
-        put = object.__setattr__  # frozen: its own __setattr__ refuses
-        put(fit, "ok", True)
-        put(fit, "unresolvable", False)
-        put(fit, "reason", "")
-        put(fit, "cards", cards)
-        put(fit, "worst", worst)
-        put(fit, "packing", packing)
-        put(fit, "placed", True)
-        put(fit, "points", round(packing * 10))
+        # frozen: its own __setattr__ refuses; the slots' own setters are the quickest way in
+        ok, unresolvable, reason, cards_, worst_, packing_, placed, points = _SETTERS
+        ok(fit, True)
+        unresolvable(fit, False)
+        reason(fit, "")
+        cards_(fit, cards)
+        worst_(fit, worst)
+        packing_(fit, packing)
+        placed(fit, True)
+        points(fit, round(packing * 10))
         return fit
 
     @classmethod
@@ -338,3 +350,6 @@ class Fit:
 
 
 UNPLACED = Fit(ok=True, unresolvable=False, reason="")
+# the setters of Fit's slots, in `placed_at`'s order (a tuple: nothing to change)
+_SETTERS = tuple(getattr(Fit, f).__set__ for f in ("ok", "unresolvable", "reason", "cards", "worst", "packing",
+                                                   "placed", "points"))

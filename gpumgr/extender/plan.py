@@ -8,13 +8,16 @@ tests/extender/test_fit_cache.py holds these answers to the plain computation.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from gpumgr.allocator import HUNDRED
 from gpumgr.allocator.fragment import rank_free
 from gpumgr.extender.ask import PodAsk
-from gpumgr.extender.fit import Fit, fast_place, packing
+from gpumgr.extender.fit import CARDS_WEIGHT, Fit, cards_part, fast_place, packing
 from gpumgr.extender.nodestate import NodeState, Shape
 from gpumgr.levels import LevelKey
+
+MISSING: Any = object()
 
 # ClusterView.classify: the whole cards a one-container whole-card pod takes on the node (None: it does not fit)
 Classify = Callable[[Shape, PodAsk, tuple[bool, ...], NodeState], tuple[tuple[int, ...], ...] | None]
@@ -31,7 +34,11 @@ class Plan:
     function of which cards are healthy and free (`NodeState.whole_key`); their Fit, of that and the node's
     used cores, since a free card holds nothing (no cores, all its memory free). Anything else (no shared card
     fits, the pod does not fit, `spread`): None, and the view decides (`ClusterView._first`). Several shares:
-    each on the tightest of the shared cards as the earlier ones left them, as long as one fits."""
+    each on the tightest of the shared cards as the earlier ones left them, as long as one fits.
+
+    Where every card is allowed, the packing of one container is made from two parts (`cards_part`, computed once
+    per state of the cards it takes, and the node's used cores), and nodes whose cards and packing come out
+    equal share one Fit (`_quick`): most nodes differ in some count, few in the answer."""
 
     def __init__(self, shape: Shape, ask: PodAsk, allowed: tuple[bool, ...], classify: Classify, first: First):
         self.shape, self.ask, self.allowed = shape, ask, allowed
@@ -44,9 +51,21 @@ class Plan:
         self.several = [(c.cores, c.memory_units * shape.unit_mib) for c in ask.containers] if len(
             ask.containers) > 1 else []
         self.fits: dict[tuple[int, ...], Fit | None] = {}
-        self.on_free: dict[int, tuple[tuple[int, ...], ...] | None] = {}  # whole_key -> where a share goes
+        self.on_free: dict[int, tuple[tuple[int, ...], ...] | None] = {}  # healthy free cards -> where a share goes
+        self.healthy_bits = sum(1 << (2 * k) for k in range(len(shape.memory_mib)))  # see NodeState.whole_key
         self.classes: dict[int, tuple[tuple[int, ...], ...] | Fit] = {}  # whole_key -> whole cards, or why not
         self.worsts: dict[tuple[tuple[int, ...], ...], LevelKey | None] = {}  # cards -> their worst link
+        self.allowed_count = allowed.count(True)
+        self.node_cores = HUNDRED * self.allowed_count  # `node_packing`'s parts, made once
+        self.rest = 1 - CARDS_WEIGHT
+        # what the cards a Fit takes are a function of: (card index, used cores, free memory) of the shared card a
+        # share takes, (-2, healthy free cards) where it takes a free card, (-1, whole_key) for whole cards ->
+        # cards_part of those cards, the cards, their worst link, the cards' number in `numbers`
+        self.parts: dict[tuple[int, ...], tuple[float, int, tuple[tuple[int, ...], ...], LevelKey | None, int]] = {}
+        self.made: dict[tuple[int, float], Fit] = {}  # (number of the cards in `numbers`, packing) -> Fit
+        self.numbers: dict[tuple[tuple[int, ...], ...], int] = {}  # the cards of the parts, numbered
+        # (healthy and free allowed cards, healthy allowed cards) -> the verdict where whole cards do not fit
+        self.refusals: dict[tuple[int, int], Fit] = {}
 
     def fit(self, node: NodeState) -> Fit | None:
         key: tuple[int, ...]
@@ -56,35 +75,58 @@ class Plan:
             cores, mem, allowed = self.cores, self.mem, self.allowed
             for r in node.shared:
                 if r.free_cores >= cores and r.free_memory_mib >= mem and allowed[r.index]:
+                    if self.all_allowed:
+                        return self._quick(node, ((r.index,),), (r.index, r.used_cores, r.free_memory_mib))
                     key = (r.index, r.used_cores, r.free_memory_mib, node.used_total)
                     fit = self.fits.get(key)
                     if fit is None:
                         fit = self.fits[key] = self._make(node, ((r.index,),))
                     return fit
-            # no shared card fits: the share goes on a free card, chosen by which cards are healthy and free
+            # no shared card fits: the share goes on a free card, chosen by which cards are both healthy and free
+            # (`_share_pick`: those with the memory, in their order); the bits of `whole_key` where both are set
+            free = node.whole_key & (node.whole_key >> 1) & self.healthy_bits
+            placed = self.on_free.get(free, MISSING)
+            if placed is MISSING:
+                placed = self.on_free[free] = fast_place(
+                    self.shape.topology, node.rows, node.shared, allowed, self.shape.unit_mib, self.ask)
+            if placed is None:
+                return None
+            if self.all_allowed:
+                return self._quick(node, placed, (-2, free))
             key = (-2, node.whole_key, node.used_total)
             if key not in self.fits:
-                if node.whole_key not in self.on_free:
-                    self.on_free[node.whole_key] = fast_place(
-                        self.shape.topology, node.rows, node.shared, allowed, self.shape.unit_mib, self.ask)
-                placed = self.on_free[node.whole_key]
-                self.fits[key] = None if placed is None else self._make(node, placed)
+                self.fits[key] = self._make(node, placed)
             return self.fits[key]
         if not self.whole:
             return None
         got = self.classes.get(node.whole_key)
         if got is None:
             cards = self.classify(self.shape, self.ask, self.allowed, node)
-            # where the pod does not fit, the verdict too is a function of which cards are healthy and free
-            got = self.classes[node.whole_key] = (cards if cards is not None
-                                                  else self.first(node, self.shape, self.ask, True))
+            got = self.classes[node.whole_key] = cards if cards is not None else self._refusal(node)
         if isinstance(got, Fit):
             return got
+        if self.all_allowed:
+            return self._quick(node, got, (-1, node.whole_key))
         key = (-1, node.whole_key, node.used_total)
         fit = self.fits.get(key)
         if fit is None:
             fit = self.fits[key] = self._make(node, got)
         return fit
+
+    def _refusal(self, node: NodeState) -> Fit:
+        """The verdict where whole cards do not fit: fewer allowed cards are healthy and free than the pod takes,
+        and the answer (`quick_check`: not now, or never) counts them and the healthy ones; so it is one per count,
+        not one per pattern of healthy and free cards."""
+        allowed = self.allowed
+        free = healthy = 0
+        for r in node.rows:
+            if allowed[r.index] and r.healthy:
+                healthy += 1
+                free += r.mode == "free"
+        got = self.refusals.get((free, healthy))
+        if got is None:
+            got = self.refusals[free, healthy] = self.first(node, self.shape, self.ask, True)
+        return got
 
     def _shares(self, node: NodeState) -> Fit | None:
         """Several shares, placed as `fast_place` places them: each on the tightest fitting shared card (as the
@@ -119,6 +161,22 @@ class Plan:
                 left[i] = [max(0, HUNDRED - cores), rows[i].memory_mib - mem, cores]
             out.append((i,))
         return self._make(node, tuple(out))
+
+    def _quick(self, node: NodeState, placed: tuple[tuple[int, ...], ...], part_key: tuple[int, ...]) -> Fit:
+        """The Fit of one container on the cards `placed` (every card allowed): `packing` from the part of those
+        cards (the same for every node whose `part_key` is the same) and the node's used cores."""
+        part = self.parts.get(part_key)
+        if part is None:
+            worst = self.shape.topology.worst(placed[0]) if len(placed[0]) > 1 else None
+            number = self.numbers.setdefault(placed, len(self.numbers))
+            part = self.parts[part_key] = (*cards_part(placed[0], node.rows, self.shape.unit_mib, self.ask), placed,
+                                           worst, number)
+        on_cards, added, cards, worst, number = part
+        p = CARDS_WEIGHT * on_cards + self.rest * ((node.used_total + added) / self.node_cores)  # node_packing
+        fit = self.made.get((number, p))
+        if fit is None:
+            fit = self.made[number, p] = Fit.placed_at(cards, worst, p)
+        return fit
 
     def _make(self, node: NodeState, placed: tuple[tuple[int, ...], ...]) -> Fit:
         p = packing(placed, node.rows, self.allowed, self.shape.unit_mib, self.ask,
