@@ -77,7 +77,7 @@ class Plan:
                 if r.free_cores >= cores and r.free_memory_mib >= mem and allowed[r.index]:
                     if self.all_allowed:
                         return self._quick(node, ((r.index,),), (r.index, r.used_cores, r.free_memory_mib))
-                    key = (r.index, r.used_cores, r.free_memory_mib, node.used_total)
+                    key = (r.index, r.used_cores, r.free_memory_mib, self._used(node))
                     fit = self.fits.get(key)
                     if fit is None:
                         fit = self.fits[key] = self._make(node, ((r.index,),))
@@ -93,7 +93,7 @@ class Plan:
                 return None
             if self.all_allowed:
                 return self._quick(node, placed, (-2, free))
-            key = (-2, node.whole_key, node.used_total)
+            key = (-2, node.whole_key, self._used(node))
             if key not in self.fits:
                 self.fits[key] = self._make(node, placed)
             return self.fits[key]
@@ -107,11 +107,18 @@ class Plan:
             return got
         if self.all_allowed:
             return self._quick(node, got, (-1, node.whole_key))
-        key = (-1, node.whole_key, node.used_total)
+        key = (-1, node.whole_key, self._used(node))
         fit = self.fits.get(key)
         if fit is None:
             fit = self.fits[key] = self._make(node, got)
         return fit
+
+    def _used(self, node: NodeState) -> int:
+        """The used cores `packing` counts: on every card, or (a model filter) only on the allowed ones."""
+        if self.all_allowed:
+            return node.used_total
+        allowed = self.allowed
+        return sum(r.used_cores for r in node.rows if allowed[r.index])
 
     def _refusal(self, node: NodeState) -> Fit:
         """The verdict where whole cards do not fit: fewer allowed cards are healthy and free than the pod takes,

@@ -68,3 +68,24 @@ def test_refusals_of_whole_cards_name_each_nodes_counts() -> None:
     reasons = {f.reason for f in view.verdicts(ask, "eight", names) if not f.ok}
     assert len(reasons) > 3  # several classes of refusal, each with its own counts
     check(view, ask, names, "eight-again")
+
+
+@pytest.mark.parametrize("containers", [[(100, 0)], [(60, 8)]])
+def test_a_model_filter_packs_by_the_used_cores_of_the_allowed_cards_only(containers: list[Any]) -> None:
+    """Two nodes alike but for how their used cores split between the cards the pod may take (A100) and those it
+    may not (T4): each is packed, and scored, by its own allowed cards."""
+    from gpumgr.extender.fit import Fit
+    from tests.extender.support import A100, T4, inventory
+    from tests.extender.test_fit_cache import plain
+
+    inv = inventory(4, models=[A100, A100, T4, T4], memory_mib=16384)
+    view = ClusterView()
+    view.replace_nodes({n: node_inventory.encode(inv, frozenset(), 256) for n in ("a", "b")})
+    view.replace_pods([holding("a1", "a", [(70, 8, [1])]), holding("a2", "a", [(5, 8, [2])]),
+                       holding("b1", "b", [(5, 8, [1])]), holding("b2", "b", [(70, 8, [2])])])
+    ask = pod_ask(pod("p", containers, annotations={"gpumgr.io/gpu-model": "a100"}))
+    view.verdicts(ask, "p", ["a", "b"])
+    got: list[Fit] = view.placements(ask, "p", ["a", "b"])
+    for name, fit in zip("ab", got, strict=True):
+        want = plain(view, name, ask)
+        assert (fit.cards, fit.packing, fit.points) == (want.cards, want.packing, want.points), name
