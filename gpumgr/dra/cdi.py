@@ -1,6 +1,6 @@
 """CDI specs of prepared claims: one file per claim in the dynamic CDI directory, written atomically.
 
-    <cdi dir>/gpumgr.io-vgpu_<claim uid>.json   (written whole to a temp file, fsynced, then renamed)
+    <cdi dir>/gpumgr.io-vgpu_<claim uid>.json   (written whole to a temp file, then renamed)
     kind gpumgr.io/vgpu; one device per granted GPU, named claim-<uid>-gpu-<index>; the claim's common edits
     (control devices, driver libraries, the shim, the vDevice directory, env) at spec level.
 
@@ -101,10 +101,11 @@ class CdiDir:
         return self.root / file_name(claim_uid)
 
     def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:
-        """Atomically: every byte to a temp file, fsynced, then renamed over the spec, so a runtime never reads
-        half a spec, even after a crash. On any failure (a short write on a full disk, an I/O error) the temp
-        file is removed, the previous spec stays as it was, and the OSError is raised. Unchanged content is not
-        rewritten."""
+        """Atomically: every byte to a temp file, then renamed over the spec, so a runtime never reads half a spec.
+        On any failure (a short write on a full disk, an I/O error) the temp file is removed, the previous spec
+        stays as it was, and the OSError is raised. Not fsynced: the dynamic CDI directory (/var/run/cdi) is on
+        tmpfs, emptied at boot, and the agent's recovery writes the spec of every held claim again (the checkpoint is
+        what must survive a crash). Unchanged content is not rewritten."""
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.path_for(claim_uid)
         data = (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()
@@ -118,11 +119,9 @@ class CdiDir:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             try:
                 _write_all(fd, data)
-                os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, path)
-            _fsync_dir(self.root)
         except BaseException:
             with contextlib.suppress(OSError):  # the first error is the one to report
                 tmp.unlink(missing_ok=True)
@@ -161,11 +160,3 @@ def _write_all(fd: int, data: bytes) -> None:
             raise OSError(errno.EIO, "write made no progress")
         view = view[n:]
 
-
-def _fsync_dir(path: Path) -> None:
-    """The rename itself survives a crash once the directory is synced."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
