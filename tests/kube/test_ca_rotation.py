@@ -12,7 +12,7 @@ import os
 import resource
 import ssl
 import uuid
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from aiohttp import web
 from gpumgr.kube.client import KubeClient
 from gpumgr.kube.kubeconfig import in_cluster
 from tests.extender.certs import Certs
+from tests.helpers import until
 from tests.kube.conftest import Cluster, ClusterFactory, Handler, server_tls
 
 
@@ -58,14 +59,6 @@ async def one_request_per_connection(request: web.Request, handler: Handler) -> 
 
 def disconnected(request: web.Request) -> bool:
     return request.protocol.transport is None
-
-
-async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        assert loop.time() < end, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_the_next_connection_trusts_the_rotated_ca_file(cluster: ClusterFactory, certs: Certs, tmp_path: Path,

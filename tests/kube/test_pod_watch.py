@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +15,13 @@ from gpumgr.kube import pod_cache
 from gpumgr.kube.client import KubeClient
 from gpumgr.kube.pod_cache import PodCache
 from gpumgr.sim.kubeapi import KubeStore
+from tests.helpers import until
 from tests.kube.conftest import Cluster, ClusterFactory, Handler
 
 
 def pod(name: str, node: str = "n") -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": "default", "uid": str(uuid.uuid4())},
             "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}}
-
-
-async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        assert loop.time() < end, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 def watches(c: Cluster) -> list[web.Request]:
