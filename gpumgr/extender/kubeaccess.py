@@ -20,6 +20,7 @@ CONNECT_TIMEOUT = 5.0
 CALL_TIMEOUT = 10.0  # read timeout of one get, patch, bind or list page
 POOL_SIZE = 6  # HTTP connections of the kubernetes client (three watches, their re-lists)
 MERGE_PATCH = "application/merge-patch+json"
+CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
 
 
 class ApiCallError(Exception):
@@ -89,16 +90,30 @@ class KubeAccess:
         raise ValueError(f"no list for {resource!r}")
 
     def _list_claims_by_path(self, **kwargs: Any) -> Any:
-        """kubernetes 30..33 (no ResourceV1Api): the same call through the client's generic `call_api`."""
+        """A client without ResourceV1Api (kubernetes 30..33): the same call through the client's generic API, whose
+        shape depends on the generator it was made with (`param_serialize` + `call_api`, or the older `call_api`
+        taking the query); the raw response either way (the callers read JSON or a stream from it)."""
         query = [(k.lstrip("_").replace("resource_version", "resourceVersion")
                   .replace("allow_watch_bookmarks", "allowWatchBookmarks")
                   .replace("timeout_seconds", "timeoutSeconds"), v)
                  for k, v in kwargs.items() if not k.startswith("_") or k == "_continue"]
-        return self.api_client.call_api(
-            "/apis/resource.k8s.io/v1/resourceclaims", "GET", query_params=query,
-            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"], response_type=None,
-            _return_http_data_only=True, _preload_content=kwargs.get("_preload_content", False),
-            _request_timeout=kwargs.get("_request_timeout"))
+        headers = {"Accept": "application/json"}
+        timeout = kwargs.get("_request_timeout")
+        api = self.api_client
+        if hasattr(api, "param_serialize"):
+            from kubernetes.client.exceptions import ApiException
+
+            request = api.param_serialize(method="GET", resource_path=CLAIMS_PATH, query_params=query,
+                                          header_params=headers, auth_settings=["BearerToken"])
+            resp = api.call_api(*request, _request_timeout=timeout)
+            if not 200 <= resp.status <= 299:
+                resp.read()
+                raise ApiException.from_response(http_resp=resp, body=None, data=None)
+            return resp.response
+        return api.call_api(
+            CLAIMS_PATH, "GET", query_params=query, header_params=headers, auth_settings=["BearerToken"],
+            response_type=None, _return_http_data_only=True, _preload_content=kwargs.get("_preload_content", False),
+            _request_timeout=timeout)
 
     @staticmethod
     def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import gc
 from typing import Any
 
+import pytest
+
 from gpumgr import podspec
 from gpumgr.sim.kubeapi import KubeApiServer
 from tests.extender.support import args, eventually, inventory, node, pod
@@ -209,12 +211,18 @@ async def test_the_collector_is_back_on_once_the_view_is_ready(api: KubeApiServe
     assert gc.isenabled()
 
 
-async def test_a_cluster_without_resource_k8s_io_v1(api: KubeApiServer, tmp_path: Any,
-                                                   caplog: Any) -> None:
+@pytest.mark.parametrize("typed", [True, False], ids=["ResourceV1Api", "call_api (kubernetes 30-33)"])
+async def test_a_cluster_without_resource_k8s_io_v1(api: KubeApiServer, tmp_path: Any, caplog: Any, typed: bool,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """404 on the claims list: one log line, that watcher ends, the view is ready, a relist (a new leader)
-    does not wait for it."""
+    does not wait for it; the same with a client that has no ResourceV1Api."""
     import asyncio
     import logging
+
+    import kubernetes.client
+
+    if not typed:
+        monkeypatch.setattr(kubernetes.client, "ResourceV1Api", None, raising=False)  # its names load lazily
 
     import aiohttp
     from aiohttp import web
