@@ -27,6 +27,7 @@ from gpumgr.httpbody import (  # the defaults and bounds of Limits; a light modu
     MIN_BODY_BYTES,
 )
 
+ELECTION_MAX_S = 999_999.0  # what the grammar can write; settings_problem bounds each timing
 DRA_CLAIMS = ("auto", "on", "off")  # gpumgr.extender.server.DRA_CLAIMS
 DRA_DRIVER = "vgpu.gpumgr.io"
 POLICIES = ("binpack", "spread")  # gpumgr.extender.score.POLICIES, without importing it at start-up
@@ -161,10 +162,8 @@ def _election(args: argparse.Namespace) -> Any:
 
     times = []
     for flag in ("--leader-elect-lease-duration", "--leader-elect-renew-deadline", "--leader-elect-retry-period"):
-        text = str(getattr(args, flag[2:].replace("-", "_"))).strip()
-        if not re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,6})?", text):
-            raise InputError(f"{flag} {text[:40]!r}: expected seconds, like 15 or 0.5")
-        times.append(float(text))
+        # the grammar here; the ranges (lease 1 to 3600 s, renew under it, retry under renew) in settings_problem
+        times.append(seconds_flag(flag, getattr(args, flag[2:].replace("-", "_")), ELECTION_MAX_S, low=0))
     problem = settings_problem(*times)
     if problem:
         raise InputError(problem)

@@ -21,26 +21,13 @@ def extender(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, s
     return proc.returncode, proc.stderr
 
 
+# one value past each flag's bound, through the real CLI (the grammar itself, nan/inf/exponents/signs, is
+# tested in-process by tests/test_flag_values.py)
 REFUSED = [
-    ("--max-body-bytes", str(10**12), "expected a whole number from 1024 to 67108864"),
     ("--max-body-bytes", str(MAX_BODY_BYTES + 1), "from 1024 to 67108864"),
-    ("--max-body-bytes", "1023", "from 1024 to 67108864"),
-    ("--max-body-bytes", "nan", "expected a whole number"),
-    ("--header-timeout", "1e9", "digits and an optional decimal part"),
     ("--header-timeout", "600.001", "to 600"),
-    ("--header-timeout", "nan", "timeouts must be positive and finite"),
-    ("--header-timeout", "inf", "timeouts must be positive and finite"),
-    ("--body-timeout", "1e9", "digits and an optional decimal part"),
-    ("--body-timeout", "-inf", "timeouts must be positive and finite"),
-    ("--body-timeout", "NaN", "timeouts must be positive and finite"),
-    ("--body-timeout", "0", "timeouts must be positive"),
-    ("--max-connections", str(10**9), "expected a whole number from 1 to 10000"),
+    ("--body-timeout", "nan", "timeouts must be positive and finite"),
     ("--max-connections", str(MAX_CONNECTIONS + 1), "from 1 to 10000"),
-    ("--max-connections", "0", "from 1 to 10000"),
-    ("--max-connections", "inf", "expected a whole number"),
-    # the election's timings were bounded before (lease 1 to 3600 whole s, renew under it, retry under renew)
-    ("--leader-elect-lease-duration", "inf", "expected seconds"),
-    ("--leader-elect-renew-deadline", "nan", "expected seconds"),
     ("--leader-elect-retry-period", "1e9", "expected seconds"),
 ]
 

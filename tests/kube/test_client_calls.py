@@ -14,6 +14,7 @@ from aiohttp import web
 
 from gpumgr.kube.client import CONFLICT_RETRIES, POD_CONDITION, KubeClient
 from gpumgr.kube.rest import ApiError
+from gpumgr.sim.kubeapi import write_kubeconfig
 from tests.kube.conftest import ClusterFactory, Handler
 
 
@@ -127,15 +128,7 @@ async def test_a_black_holed_server_fails_the_call_instead_of_hanging(tmp_path: 
 
     server = await asyncio.start_server(swallow, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    kc = tmp_path / "kc"
-    kc.write_text(f"""
-apiVersion: v1
-kind: Config
-current-context: c
-clusters: [{{name: k, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
-users: [{{name: u, user: {{}}}}]
-contexts: [{{name: c, context: {{cluster: k, user: u}}}}]
-""")
+    kc = write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{port}")
     kube = KubeClient.connect(str(kc))
     kube.rest.read_timeout = 0.5
     try:
@@ -181,15 +174,7 @@ async def test_an_oversized_answer_is_refused_not_buffered(tmp_path: Path, monke
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    kc = tmp_path / "kc"
-    kc.write_text(f"""
-apiVersion: v1
-kind: Config
-current-context: c
-clusters: [{{name: k, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
-users: [{{name: u, user: {{}}}}]
-contexts: [{{name: c, context: {{cluster: k, user: u}}}}]
-""")
+    kc = write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{port}")
     kube = KubeClient.connect(str(kc))
     try:
         with pytest.raises(ApiError) as e:

@@ -20,16 +20,11 @@ def webhook(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, st
     return proc.returncode, proc.stderr
 
 
+# one value past each flag's bound, through the real CLI (the grammar: tests/test_flag_values.py)
 REFUSED = [
-    ("--max-connections", str(10**9), "expected a whole number from 1 to 10000"),
     ("--max-connections", str(MAX_CONNECTIONS + 1), "from 1 to 10000"),
-    ("--max-connections", "inf", "expected a whole number"),
-    ("--header-timeout", "1e9", "digits and an optional decimal part"),
     ("--header-timeout", "300.5", "to 300"),
-    ("--header-timeout", "inf", "timeouts must be positive and finite"),
-    ("--header-timeout", "-inf", "timeouts must be positive and finite"),
     ("--max-cards-per-container", "4097", "expected a whole number from 1 to 4096"),
-    ("--max-cards-per-container", "nan", "expected a whole number"),
 ]
 
 
