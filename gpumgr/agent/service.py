@@ -484,12 +484,8 @@ class AllocationService(Settling):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + CANDIDATE_WAIT_S
         cands = await self._visible_candidates(cores, ckpt)
-        listed = loop.time()
-        while not cands and loop.time() < deadline:
+        while not cands and loop.time() < deadline:  # (one live list was done: the watch delivers what follows)
             await asyncio.sleep(0.2)
-            if loop.time() - listed >= 1.0:  # a watch that missed the pod must not fail it: list again, once a second
-                await self._refresh_quietly()
-                listed = loop.time()
             cands = binding.candidates(self.pods.pods(), self.state.inventory, cores, self._taken(ckpt))
         return cands
 
