@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from gpumgr.allocator import Ledger, LedgerError
+from gpumgr.fileio import write_new
 from gpumgr.vdevice.layout import BadName, check_key
 
 FORMAT = "gpumgr-checkpoint"
@@ -229,12 +230,7 @@ class CheckpointStore:
 
     def _write_temp(self, target: Path, data: bytes) -> Path:
         tmp = self.dir / f".{target.name}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_new(tmp, data, 0o600, fsync=True)
         return tmp
 
     def examine(self, expected_node: str | None = None) -> list[Generation]:

@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import os
 import re
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumgr.dra.config import CDI_KIND
+from gpumgr.fileio import write_new
 
 CONTAINER_DRIVER_DIR = "/usr/local/nvidia/lib64"
 CONTAINER_SHIM_DIR = "/usr/local/gpumgr"
@@ -115,16 +114,11 @@ class CdiDir:
         except OSError:
             pass
         tmp = self.root / f".{path.name}.tmp"
+        write_new(tmp, data, 0o644, fsync=False)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            try:
-                _write_all(fd, data)
-            finally:
-                os.close(fd)
             os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):  # the first error is the one to report
-                tmp.unlink(missing_ok=True)
+        except OSError:
+            tmp.unlink(missing_ok=True)
             raise
         return path
 
@@ -148,15 +142,4 @@ class CdiDir:
             if m:
                 out.append(m.group(1))
         return sorted(out)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """os.write may write less than asked (a signal, a full disk): go on until every byte is written; a write
-    that cannot progress raises (ENOSPC, EFBIG, EIO)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:
-            raise OSError(errno.EIO, "write made no progress")
-        view = view[n:]
 

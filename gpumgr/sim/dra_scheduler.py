@@ -34,6 +34,8 @@ from gpumgr.dra.quantity import QuantityError, format_bytes, parse_int
 from gpumgr.sim.dra_cel import CelError, SelectorCache, device_activation
 from gpumgr.sim.kubeapi import ApiError, KubeStore
 
+MAX_SELECTORS = 32  # resource.k8s.io/v1 DeviceSelectorsMaxSize (a class's and a request's list each)
+
 Obj = dict[str, Any]
 MAX_SEARCH = 100_000  # device combinations tried per pod before giving up
 
@@ -473,8 +475,8 @@ def _cel_expressions(selectors: Any) -> list[Any]:
     list or a selector is not shaped so (the API server would have refused it)."""
     if selectors is None:
         return []
-    if not isinstance(selectors, list):
-        raise CelError("selectors must be a list")
+    if not isinstance(selectors, list) or len(selectors) > MAX_SELECTORS:
+        raise CelError(f"selectors must be a list of at most {MAX_SELECTORS}")
     out = []
     for s in selectors:
         if not isinstance(s, Mapping):

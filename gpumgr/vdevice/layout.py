@@ -20,6 +20,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+from gpumgr.fileio import write_new
 from gpumgr.vdevice.limits import Limits
 
 SOCKET = "vcuda.sock"
@@ -91,12 +92,7 @@ class VDeviceLayout:
         check_container_name(limits.container_name)
         d = self.prepare(key)
         tmp = d / f".{LIMITS}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, limits.to_text().encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_new(tmp, limits.to_text().encode(), 0o644, fsync=True)
         os.chmod(tmp, 0o644)
         os.replace(tmp, d / LIMITS)
         return d / LIMITS

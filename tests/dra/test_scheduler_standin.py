@@ -67,7 +67,7 @@ def test_cel_selector_picks_by_attribute_and_capacity():
 
 
 @pytest.mark.parametrize("selectors", [[{"cel": "true"}], ["true"], {"cel": {"expression": "true"}},
-                                       [{"cel": {"exp": "true"}}]])
+                                       [{"cel": {"exp": "true"}}], [{"cel": {"expression": "true"}}] * 33])
 def test_a_misshapen_selector_makes_the_claim_unschedulable_not_the_stand_in_crash(selectors):
     store = store_with_slice()
     claim(store, "odd", [{"name": "g", "exactly": {"deviceClassName": "vgpu.gpumgr.io", "selectors": selectors}}])
