@@ -34,7 +34,7 @@ def test_bad_flags_are_refused_before_anything_starts(tmp_path):
         (("--temp-unhealthy", "1000"), "--temp-unhealthy '1000'"),
         (("--temp-healthy", "٣٠"), "--temp-healthy"),
         (("--metrics-addr", "nowhere"), "HOST:PORT"),
-        (("--log-level", "loud"), "--log-level must be one of"),
+        (("--log-level", "loud"), "--log-level 'loud': expected one of"),
     ]:
         p = run("--node-name", "n1", *args)
         assert p.returncode == 2, (args, p.stderr)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from gpumgr.devices.types import Inventory
 from gpumgr.docfile import InputError
+from gpumgr.podspec import ascii_uint
 
 if TYPE_CHECKING:
     import asyncio
@@ -26,7 +27,6 @@ def env_flag(flag: str) -> bool:
     return str(env_default(flag, "") or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-_WHOLE = re.compile(r"[0-9]{1,12}")
 _SECONDS = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6})?")
 MIN_SECONDS = 0.01  # a timeout below 10 ms only fails every call
 
@@ -34,7 +34,7 @@ MIN_SECONDS = 0.01  # a timeout below 10 ms only fails every call
 def whole_flag(flag: str, text: object, low: int, high: int) -> int:
     """A flag's whole number (plain ASCII digits) from `low` to `high`; InputError naming the flag otherwise."""
     t = str(text).strip()
-    value = int(t) if _WHOLE.fullmatch(t) else None
+    value = ascii_uint(t, 12)
     if value is None or not low <= value <= high:
         raise InputError(f"{flag} {t[:40]!r}: expected a whole number from {low} to {high}")
     return value

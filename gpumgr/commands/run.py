@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from gpumgr.agent.config import AgentConfig
-from gpumgr.commands.common import LOG_LEVELS, env_default, seconds_flag, whole_flag
+from gpumgr.commands.common import check_log_level, env_default, seconds_flag, whole_flag
 from gpumgr.podspec import ascii_uint
 
 log = logging.getLogger("gpumgr")
@@ -88,8 +88,7 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
     except InputError:
         raise InputError(f"--health-ignore-xids must be a comma list of numbers, got {args.health_ignore_xids!r}") \
             from None
-    if args.log_level not in LOG_LEVELS:
-        raise InputError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
+    check_log_level(args.log_level)
     unit_mib = whole_flag("--memory-unit-mib", args.memory_unit_mib, 1, MAX_MEMORY_UNIT_MIB)
     check_period = seconds_flag("--check-period", args.check_period, MAX_CHECK_PERIOD_S, low=0.1)
     grace = seconds_flag("--unrecorded-grace", args.unrecorded_grace, MAX_GRACE_S, low=0)

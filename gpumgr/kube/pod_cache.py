@@ -39,7 +39,6 @@ class PodCache:
         # uid -> when the watch saw it deleted (monotonic): a UID never comes back, so an older answer naming it
         # (a slow live list) must not revive it; kept TOMBSTONE_S, at most MAX_TOMBSTONES
         self._tombstones: dict[str, float] = {}
-        self._newest = 0  # the newest resourceVersion the cache has seen (watch events, bookmarks, lists)
         self._synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[], None]] = []
@@ -120,7 +119,6 @@ class PodCache:
         with self._lock:
             for p in pods:
                 self._put(p)
-            self._newest = max(self._newest, _rv(list_rv))
 
     # -- the watch task -------------------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -146,11 +144,10 @@ class PodCache:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the watch restarts on any failure
-                expired = isinstance(e, ApiError) and e.status == 410
                 failed_resumes += 1
                 # a dropped connection resumes from the last version seen; a list (a quorum read of every pod on
                 # the node) only when the version expired or resuming keeps failing
-                if expired or failed_resumes > MAX_FAILED_RESUMES or isinstance(e, ApiError):
+                if failed_resumes > MAX_FAILED_RESUMES or isinstance(e, ApiError):
                     rv, failed_resumes = "", 0
                 log.warning("pod watch on node %s failed (%s); %s in %.1fs", self.node, e,
                             "resuming" if rv else "listing again", backoff)
@@ -174,7 +171,6 @@ class PodCache:
                     self._apply(kind, obj)
                 if seen:
                     rv = str(seen)
-                    self._newest = max(self._newest, _rv(rv))
         return rv
 
     def _replace(self, pods: list[dict[str, Any]], list_rv: str) -> None:
@@ -184,7 +180,6 @@ class PodCache:
             old = self._pods
             self._pods = {}
             self._prune_tombstones()
-            self._newest = max(self._newest, snapshot)
             for p in pods:
                 self._put(p)
             for uid, p in old.items():  # seen after the list was taken (by a refresh or the watch)

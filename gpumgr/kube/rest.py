@@ -137,7 +137,7 @@ class KubeRest:
         async with slot.session.get(self.url(path), params=q, headers=self._headers(None), allow_redirects=False,
                                     ssl=self._ssl(), timeout=self._timeout(read=read_timeout)) as resp:
             if resp.status >= 400:
-                raise _error(resp.status, resp.reason, await resp.read())
+                raise _error(resp.status, resp.reason, await _read_capped(resp, MAX_ERROR_BYTES, "GET", path))
             buf = bytearray()
             async for chunk in resp.content.iter_any():
                 searched = len(buf)  # bytes already known to hold no newline: a long event is scanned once
