@@ -80,19 +80,28 @@ class NodeState:
           old ones leave, and a waiting holder that still does not fit keeps its turn;
         - a pod goes before a DRA claim (`dra/<uid>`): a pod the node refused fails and drops out, a claim the node
           refused stays allocated in the API, so where both name the same room the pod is the one the node runs."""
+        held = self.keys.get(uid)
+        if held is not None and [self.ledger.allocations[k] for k in held] == allocs:
+            return  # unchanged (most pod updates): nothing to do, and it keeps its place
         touched = self._release(uid)
+        freed = bool(touched)  # room that waiting holders may now take
+        displaced: set[int] | None = None
         if not allocs:
             self.waiting.pop(uid, None)
-        elif self._assign(uid, allocs) or (not uid.startswith(CLAIM_PREFIX) and self._displace_claims(uid, allocs)):
+        elif self._assign(uid, allocs) or (not uid.startswith(CLAIM_PREFIX)
+                                           and (displaced := self._displace_claims(uid, allocs)) is not None):
             self.waiting.pop(uid, None)
             touched.update(i for a in allocs for i in a.cards)
+            touched.update(displaced or ())  # a displaced claim's other cards changed too
+            freed = freed or bool(displaced)
         else:
             if uid not in self.waiting:
                 log.warning("node %s: cards of %s conflict with other holdings; counted once they are free",
                             self.name, uid)
             self.waiting[uid] = allocs  # (an update of a waiting holder keeps its place in the queue)
-        if touched:
+        if freed:
             touched.update(self._admit_waiting())
+        if touched:
             self.changed(touched)
 
     def drop(self, uid: str) -> bool:
@@ -104,25 +113,27 @@ class NodeState:
         self.changed(touched)
         return True
 
-    def _displace_claims(self, uid: str, allocs: list[Allocation]) -> bool:
+    def _displace_claims(self, uid: str, allocs: list[Allocation]) -> set[int] | None:
         """Count pod `uid` in place of the claims counted on its cards, when that makes it fit; the claims then wait
-        (or stay, where they still fit). False, and nothing changed, when the pod does not fit even so."""
+        (or stay, where they still fit). The cards the claims held; None, and nothing changed, when the pod does not
+        fit even so."""
         cards = {i for a in allocs for i in a.cards}
         claims = {u: [self.ledger.allocations[k] for k in keys] for u, keys in self.keys.items()
                   if u.startswith(CLAIM_PREFIX) and any(cards & set(self.ledger.allocations[k].cards) for k in keys)}
         if not claims:
-            return False
+            return None
+        released: set[int] = set()
         for u in claims:
-            self._release(u)
+            released |= self._release(u)
         if not self._assign(uid, allocs):
             for u, held in claims.items():
                 self._assign(u, held)  # they were all counted together a moment ago
-            return False
+            return None
         for u, held in claims.items():
             if not self._assign(u, held):
                 self.waiting[u] = held
                 log.warning("node %s: %s waits: pod %s holds its cards (the node runs the pod)", self.name, u, uid)
-        return True
+        return released
 
     def _release(self, uid: str) -> set[int]:
         touched: set[int] = set()

@@ -69,3 +69,30 @@ def test_conflicting_pods_keep_their_turn_through_updates_and_rebuilds():
     assert counted(view) == (["z-first"], ["b-second", "a-third"], 100)
     view.remove_pod(running("z-first", cores=100, units=0))
     assert counted(view) == (["b-second"], ["a-third"], 100)
+
+
+def test_a_claim_displaced_from_two_cards_frees_both_in_the_card_rows():
+    text = node_inventory.encode(inventory(2), frozenset(), 256)
+    view = ClusterView()
+    view.replace_nodes({"n": text})
+    both = tuple(DriverResult(n=i, pool="n", index=i, cores=100, memory_mib=None) for i in range(2))
+    view.set_claim("wide", "ns", "wide", both)
+    view.nodes["n"].refresh()  # rows current: from now on only the cards a change names are brought up to date
+    p = holding("gm", "n", [(100, 0, [0])])
+    p["metadata"]["uid"] = "gm"
+    view.set_pod(p)
+    n = view.nodes["n"]
+    n.refresh()
+    assert sorted(n.keys) == ["gm"] and list(n.waiting) == ["dra/wide"]
+    assert [r.mode for r in n.rows] == [n.ledger.cards[i].mode for i in range(2)] == ["exclusive", "free"]
+
+
+def test_an_unchanged_update_keeps_the_holders_order():
+    view = ClusterView()
+    view.replace_nodes({"n": node_inventory.encode(inventory(2), frozenset(), 256)})
+    a, b = holding("a", "n", [(30, 4, [0])]), holding("b", "n", [(30, 4, [1])])
+    a["metadata"]["uid"], b["metadata"]["uid"] = "a", "b"
+    view.set_pod(a)
+    view.set_pod(b)
+    view.set_pod(a)
+    assert list(view.nodes["n"].keys) == ["a", "b"]
