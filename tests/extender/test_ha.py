@@ -238,7 +238,10 @@ async def test_a_paused_leader_binds_nothing_when_it_resumes(api: KubeApiServer,
             api.store.gates.pop("leases").set()
         for status, doc in answers:
             assert status == 503, answers
-            assert "has not renewed its Lease" in doc["Error"], answers
+            # refused on its own clock: either the bind guard saw the renewal too old, or the election loop had
+            # already stepped down for that reason (it knows of no other leader: the Lease reads are held)
+            assert ("has not renewed its Lease" in doc["Error"]
+                    or "no other replica is known to lead" in doc["Error"]), answers
         for p in pods[:3]:  # nothing written at all: not the cards (not even written and taken back), no Binding
             got = api.store.get_pod("default", p["metadata"]["name"])
             assert got is not None and not got["spec"].get("nodeName")
