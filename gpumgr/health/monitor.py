@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from gpumgr.devices.backend import Backend
 from gpumgr.devices.types import GPUStatus, HealthEvent
-from gpumgr.health_config import (
+from gpumgr.health.config import (
     CHECKS,
     DEFAULT_IGNORED_XIDS,
     ECC,
@@ -29,7 +29,7 @@ from gpumgr.health_config import (
     parse_checks,
     parse_xids,
 )
-from gpumgr.health_rules import ALL_CARDS, HealthRules, ReasonChange
+from gpumgr.health.rules import ALL_CARDS, HealthRules, ReasonChange
 from gpumgr.node.state import NodeState
 
 __all__ = [
