@@ -249,8 +249,8 @@ class Demo:
         """A pod with one ResourceClaim (from a template, one per pod, as fractional claims must be): the
         scheduler stand-in allocates it from the node's ResourceSlice, the kubelet's DRA side prepares it through
         the agent's dra.sock; then the claim's allocation and the limits file of its vDevice directory."""
-        from gpumgr.dra import quantity
         from gpumgr.node.claims import claim_keys, vdevice_key
+        from gpumgr.requests import quantity
         from gpumgr.requests.claim_results import gpu_index
         from gpumgr.sim.dra_scheduler import Unschedulable
         from gpumgr.sim.kubelet.dra_kubelet import DraPrepareError

@@ -1,5 +1,5 @@
 """Allocate for the two device plugins. vcuda-core takes the cards named by the kubelet's IDs into the ledger under a
-key made from those IDs, with the memory of the pod it guesses (see binding.py and guess.py), and answers with the
+key made from those IDs, with the memory of the pod it guesses (see node/binding.py and guess.py), and answers with the
 mounts of that key's vDevice directory; an app container handed its init container's IDs takes them over or rides
 on their reservation. vcuda-memory IDs are capacity tokens: the card comes from vcuda-core, the amount from the pod
 spec; a memory Allocate that comes first tells the next core Allocate how much its container asks.
