@@ -10,10 +10,10 @@
 #include <stdint.h>
 
 #define FG_MAGIC 0x46475055u /* "FGPU" */
-#define FG_VERSION 3u
+#define FG_VERSION 4u
 #define FG_MAX_DEV 4
-#define FG_MAX_PROC 64
-#define FG_BUCKETS 1024
+#define FG_MAX_PROC 320 /* a container of 257+ processes (the shim's slot limit) */
+#define FG_BUCKETS 512 /* 25.6 s of history at 50 ms periods */
 
 struct fg_bucket {
     int64_t period;              /* period number this bucket holds, -1 = empty */

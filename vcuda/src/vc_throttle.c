@@ -139,9 +139,12 @@ void vc_throttle_unmeasurable(int slot, struct vc_shm *shm, int dev, const char 
     }
 }
 
+static uint64_t last_overhead[VC_MAX_DEV];
+
 void vc_throttle_after_fork(void)
 {
-    atomic_store(&watcher_running, 0);
+    atomic_store(&watcher_running, 0); /* the parent's thread is not in the child */
+    memset(last_overhead, 0, sizeof(last_overhead)); /* the parent's overhead is not the child's */
 }
 
 static void refill(struct vc_throttle *t, uint64_t now)
@@ -531,8 +534,6 @@ static void control(int s, struct vc_throttle *t, uint64_t now)
  * two readings would not describe the same moment), and overhead must be seen
  * in two consecutive samples before it counts, so a passing allocation is
  * never mistaken for overhead. */
-static uint64_t last_overhead[VC_MAX_DEV];
-
 static void overhead(int s)
 {
     nvmlDevice_t h = vc.nvml[s];
@@ -608,10 +609,12 @@ static void *watcher(void *arg)
                     overhead(s);
             vc_shm_sweep(vc.shm);
         }
+        int limiting = 0;
         for (int s = 0; s < VC_MAX_DEV; s++) {
             struct vc_throttle *t = vc_thr[s];
             if (!t)
                 continue;
+            limiting = 1;
             watch_measure(s, t, slow);
             if (atomic_load(&t->mode) == VC_MEASURE_NONE) {
                 atomic_store(&t->tokens, INT64_MAX / 2); /* not enforced: launches never wait */
@@ -624,7 +627,13 @@ static void *watcher(void *arg)
             if (vc.nvml[s])
                 control(s, t, now); /* only processes that can measure step the controller */
         }
-        struct timespec ts = {0, (long)WATCH_TICK_NS};
+        /* Only memory to watch: wake once a second, not every tick (a
+         * container of hundreds of idle processes must not keep a core busy). */
+        uint64_t after = now_ns();
+        uint64_t nap = limiting ? WATCH_TICK_NS : (next_slow > after ? next_slow - after : 0);
+        if (nap > SLOW_PERIOD_NS)
+            nap = SLOW_PERIOD_NS;
+        struct timespec ts = {(time_t)(nap / 1000000000ull), (long)(nap % 1000000000ull)};
         nanosleep(&ts, NULL);
     }
     return NULL;

@@ -24,7 +24,7 @@ def preload_procaddr(fx: Fixture) -> None:
     assert r.out.count("PASS") == 7, r.out
 
 
-def _dropin(fx: Fixture, c: Container, node: Node, explicit: bool) -> dict[str, str]:
+def dropin_env(fx: Fixture, c: Container, node: Node, explicit: bool) -> dict[str, str]:
     """The shim installed as libcuda.so.1 and libnvidia-ml.so.1 in a directory of its own."""
     d = fx.path("dropin")
     d.mkdir(exist_ok=True)
@@ -48,7 +48,7 @@ def dropin_explicit(fx: Fixture) -> None:
     node = fx.node([(UUID_A, 16 * GiB, 80)])
     c = fx.container()
     c.write_limits([(UUID_A, 8 * GiB)])
-    env = _dropin(fx, c, node, explicit=True)
+    env = dropin_env(fx, c, node, explicit=True)
     r = c.run("vcproc", env=env).ok()
     assert r.out.count("PASS") == 7, r.out
     c.write_limits([(UUID_A, 1 * GiB)])
@@ -63,7 +63,7 @@ def dropin_search(fx: Fixture) -> None:
     node = fx.node([(UUID_A, 16 * GiB, 80)])
     c = fx.container()
     c.write_limits([(UUID_A, 1 * GiB)])
-    env = _dropin(fx, c, node, explicit=False)
+    env = dropin_env(fx, c, node, explicit=False)
     r = c.run("vcmem", "paths", env=env).ok()
     assert r.out.count("PASS") == 9, r.out
     bad = dict(env, VCUDA_REAL_CUDA=str(fx.path("dropin") / "libcuda.so.1"), VCUDA_LOG_LEVEL="1")

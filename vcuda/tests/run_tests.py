@@ -24,6 +24,8 @@ sys.path.insert(0, str(HERE.parent.parent))  # the repository, for gpumgr.pb
 
 import cases_attribution  # noqa: E402,F401  (registers its cases)
 import cases_compute  # noqa: E402,F401
+import cases_crowd  # noqa: E402,F401
+import cases_fork  # noqa: E402,F401
 import cases_hardening  # noqa: E402,F401
 import cases_identity  # noqa: E402,F401
 import cases_liveness  # noqa: E402,F401
