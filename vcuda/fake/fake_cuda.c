@@ -728,7 +728,12 @@ static void ctx_charge(int ordinal, int sign)
 {
     int h = host_dev(ordinal);
     uint64_t b = F.s->ctx_bytes;
-    if (h < 0 || b == 0)
+    if (h < 0)
+        return;
+    fg_lock(F.s); /* NVML lists a process while it has a context on the device, whatever its memory */
+    F.s->proc[F.slot].ctxs[h] += sign;
+    fg_unlock(F.s);
+    if (b == 0)
         return;
     if (sign > 0)
         pool_take(h, b);

@@ -36,6 +36,7 @@ struct fg_proc {
     int32_t nvml_pid; /* as NVML reports it: the pid in the outermost namespace /proc shows (0 = pid) */
     uint64_t mem[FG_MAX_DEV];       /* bytes this process holds, contexts included */
     uint64_t last_end[FG_MAX_DEV];  /* when this process's queued work ends */
+    int32_t ctxs[FG_MAX_DEV];       /* contexts it has on each device (NVML lists it while > 0) */
 };
 
 struct fg_shared {
