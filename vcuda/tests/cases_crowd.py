@@ -52,7 +52,8 @@ def _filled(c: Container, env: dict[str, str]) -> int:
     return int(c.run("vcmem", "fill", env=env, timeout=60).ok().line("FILLED").split()[1])
 
 
-@case("memory: 257+ processes: one without a slot gets no memory, and the limit holds through exits in any order")
+@case("memory: 257+ processes: one without a slot gets no memory, and the limit holds through exits in any order",
+      alone=True)
 def crowd(fx: Fixture) -> None:
     node: Node = fx.node([(UUID_A, 16 * GiB, 80)])
     c = fx.container()

@@ -118,3 +118,22 @@ def preload_explicit(fx: Fixture) -> None:
     other = c.env(node, VCUDA_REAL_CUDA=str(copy / "libcuda.so.1"))
     r = c.run("vcmem", "paths", env=other).ok()
     assert "is not the libcuda.so.1 this process loads" in r.err, r.err
+
+
+@case("injection: dlmopen(LM_ID_NEWLM) of libcuda.so.1 bypasses the LD_PRELOAD build; the drop-in build holds "
+      "(but not against the real driver opened by path)")
+def dlmopen_namespace(fx: Fixture) -> None:
+    # A new link-map namespace gets no preloaded library: documented in docs/shim.md as what the LD_PRELOAD
+    # build cannot stop. Installed as libcuda.so.1, the shim is what the new namespace loads by that name.
+    node = fx.node([(UUID_A, 16 * GiB, 80)])
+    c = fx.container()
+    c.write_limits([(UUID_A, 1 * GiB)])
+    pre = c.run("vcdlmopen", env=c.env(node))
+    assert pre.rc == 0 and pre.line("ALLOC") == "ALLOC 0", f"LD_PRELOAD: {pre.out}{pre.err}"
+    env = dropin_env(fx, c, node, explicit=True)
+    drop = c.run("vcdlmopen", env=env)
+    assert drop.rc == 0 and drop.line("ALLOC") == "ALLOC 2", f"drop-in: {drop.out}{drop.err}"
+    # Neither build is a security boundary: the real driver opened by its path is not the shim (the drop-in build
+    # must be able to open that file too). docs/shim.md says so.
+    direct = c.run("vcdlmopen", env["VCUDA_REAL_CUDA"], env=env)
+    assert direct.rc == 0 and direct.line("ALLOC") == "ALLOC 0", f"drop-in, real path: {direct.out}{direct.err}"

@@ -3,7 +3,9 @@
 closing line "N passed, M failed". Long compute tests run concurrently (each
 on its own simulated card), a few at a time (3 per CPU, at least 4: a compute
 case is mostly waiting, but its limiter and load must be scheduled on time),
-next to the short cases (3 at a time), so the suite takes about a minute.
+next to the short cases (3 at a time); cases that burst CPU work (hundreds of
+processes, busy loops) run afterwards, one at a time, so that they cannot starve
+a compute case's measurement. The suite takes about a minute.
 
     python run_tests.py --build ../build [-k substring] [-j slow-workers]
 """
@@ -67,18 +69,27 @@ def main() -> int:
     passed = failed = 0
     figures: list[str] = []
     t0 = time.monotonic()
+
+    def report(result: tuple[Case, bool, float, str, list[str]]) -> None:
+        nonlocal passed, failed
+        c, ok, secs, why, figs = result
+        figures.extend(figs)
+        if ok:
+            passed += 1
+            print(f"PASS {c.title} ({secs:.1f}s)", flush=True)
+        else:
+            failed += 1
+            print(f"FAIL {c.title} ({secs:.1f}s)\n    " + why.replace("\n", "\n    "), flush=True)
+
     try:
         with ThreadPoolExecutor(max_workers=max(1, slow_workers)) as slow, ThreadPoolExecutor(max_workers=3) as fast:
-            futures = [(slow if c.slow else fast).submit(run_case, c, build, root, i) for i, c in enumerate(cases)]
+            futures = [(slow if c.slow else fast).submit(run_case, c, build, root, i)
+                       for i, c in enumerate(cases) if not c.alone]
             for f in futures:
-                c, ok, secs, why, figs = f.result()
-                figures += figs
-                if ok:
-                    passed += 1
-                    print(f"PASS {c.title} ({secs:.1f}s)", flush=True)
-                else:
-                    failed += 1
-                    print(f"FAIL {c.title} ({secs:.1f}s)\n    " + why.replace("\n", "\n    "), flush=True)
+                report(f.result())
+        for i, c in enumerate(cases):  # CPU bursts: after the others, one at a time
+            if c.alone:
+                report(run_case(c, build, root, i))
     finally:
         if failed == 0:
             shutil.rmtree(root, ignore_errors=True)
