@@ -391,6 +391,8 @@ static int ours_listed(int s)
  * bucket, so a rate that already climbed past the card is caught too. */
 static int unlisted(int s, uint64_t own, int64_t spent)
 {
+    if (own != 0)
+        unlisted_steps[s] = 0; /* NVML sees the container's use: its PIDs are the right ones */
     if (own != 0 || spent <= 0)
         return 0;
     int r = ours_listed(s);
