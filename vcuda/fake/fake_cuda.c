@@ -63,6 +63,21 @@ struct fake {
 };
 
 static struct fake F = {.mu = PTHREAD_MUTEX_INITIALIZER, .qmu = PTHREAD_MUTEX_INITIALIZER, .slot = -1};
+
+/* Like the real driver: CUDA does not carry over into a child forked after
+ * cuInit. Every call there (cuInit included) answers CUDA_ERROR_NOT_INITIALIZED,
+ * the "initialization error" such workers see. A child forked before cuInit
+ * initialises CUDA as a new process. */
+static int forked_after_init;
+
+static void fake_after_fork_child(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    memcpy(&F.mu, &fresh, sizeof(fresh));
+    memcpy(&F.qmu, &fresh, sizeof(fresh));
+    if (F.inited)
+        forked_after_init = 1;
+}
 static __thread struct fake_ctx *cur_ctx;
 
 static int parse_visible(void)
@@ -101,10 +116,21 @@ static int parse_visible(void)
     return 0;
 }
 
+static void register_atfork(void)
+{
+    pthread_atfork(NULL, NULL, fake_after_fork_child);
+}
+
 API CUresult cuInit(unsigned int flags)
 {
     (void)flags;
+    static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+    pthread_once(&atfork_once, register_atfork);
     pthread_mutex_lock(&F.mu);
+    if (forked_after_init) {
+        pthread_mutex_unlock(&F.mu);
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
     if (F.inited) {
         pthread_mutex_unlock(&F.mu);
         return CUDA_SUCCESS;
@@ -148,7 +174,7 @@ API CUresult cuInit(unsigned int flags)
 
 #define NEED_INIT()                                                                                    \
     do {                                                                                               \
-        if (!F.inited)                                                                                 \
+        if (!F.inited || forked_after_init)                                                            \
             return CUDA_ERROR_NOT_INITIALIZED;                                                         \
     } while (0)
 
@@ -702,7 +728,12 @@ static void ctx_charge(int ordinal, int sign)
 {
     int h = host_dev(ordinal);
     uint64_t b = F.s->ctx_bytes;
-    if (h < 0 || b == 0)
+    if (h < 0)
+        return;
+    fg_lock(F.s); /* NVML lists a process while it has a context on the device, whatever its memory */
+    F.s->proc[F.slot].ctxs[h] += sign;
+    fg_unlock(F.s);
+    if (b == 0)
         return;
     if (sign > 0)
         pool_take(h, b);

@@ -223,7 +223,7 @@ static nvmlReturn_t running(nvmlDevice_t d, unsigned int *count, void *infos, si
     fg_lock(N.s);
     for (int p = 0; p < FG_MAX_PROC; p++) {
         struct fg_proc *pr = &N.s->proc[p];
-        if (pr->pid == 0 || pr->mem[i] == 0)
+        if (pr->pid == 0 || (pr->mem[i] == 0 && pr->ctxs[i] <= 0))
             continue;
         if (infos && n < cap) {
             char *slot = (char *)infos + n * stride;

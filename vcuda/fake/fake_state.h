@@ -10,10 +10,10 @@
 #include <stdint.h>
 
 #define FG_MAGIC 0x46475055u /* "FGPU" */
-#define FG_VERSION 3u
+#define FG_VERSION 4u
 #define FG_MAX_DEV 4
-#define FG_MAX_PROC 64
-#define FG_BUCKETS 1024
+#define FG_MAX_PROC 320 /* a container of 257+ processes (the shim's slot limit) */
+#define FG_BUCKETS 512 /* 25.6 s of history at 50 ms periods */
 
 struct fg_bucket {
     int64_t period;              /* period number this bucket holds, -1 = empty */
@@ -36,6 +36,7 @@ struct fg_proc {
     int32_t nvml_pid; /* as NVML reports it: the pid in the outermost namespace /proc shows (0 = pid) */
     uint64_t mem[FG_MAX_DEV];       /* bytes this process holds, contexts included */
     uint64_t last_end[FG_MAX_DEV];  /* when this process's queued work ends */
+    int32_t ctxs[FG_MAX_DEV];       /* contexts it has on each device (NVML lists it while > 0) */
 };
 
 struct fg_shared {

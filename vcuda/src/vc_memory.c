@@ -15,10 +15,29 @@
 
 _Atomic uint64_t vc_mem_gen;
 
+static atomic_int slotless_reported;
+
+/* 0 reserved; -1 refused (over the limit, or no slot for this process). */
 static int reserve(int slot, uint64_t bytes)
 {
     atomic_fetch_add_explicit(&vc_mem_gen, 1, memory_order_acq_rel);
-    return vc_shm_reserve(vc.shm, slot, bytes, vc.mem_limit[slot]);
+    int r = vc_shm_reserve(vc.shm, slot, bytes, vc.mem_limit[slot]);
+    if (r != -2)
+        return r;
+    /* No slot (every one was taken when CUDA started here): one may have
+     * been freed since. */
+    if (vc_shm_claim_if_needed(vc.shm, vc.host_pid) == 0) {
+        vc_shm_set_nvml(vc.shm, vc.nvml_mask);
+        r = vc_shm_reserve(vc.shm, slot, bytes, vc.mem_limit[slot]);
+        if (r != -2)
+            return r;
+    }
+    if (atomic_exchange(&slotless_reported, 1) == 0)
+        VC_ERROR("this container already has %d live processes using CUDA, the most its shared state can account "
+                 "for, so this process gets no device memory: its allocations return CUDA_ERROR_OUT_OF_MEMORY "
+                 "until one of them ends",
+                 VC_MAX_SLOTS);
+    return -1;
 }
 
 static void unreserve(int slot, uint64_t bytes)

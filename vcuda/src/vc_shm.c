@@ -169,7 +169,7 @@ static int free_slot(struct vc_shm *s, int *locked)
     return fallback;
 }
 
-void vc_shm_claim(struct vc_shm *s, int host_pid)
+int vc_shm_claim(struct vc_shm *s, int host_pid)
 {
     int pid = getpid();
     uint64_t st = vc_live_start_time(pid);
@@ -199,15 +199,19 @@ void vc_shm_claim(struct vc_shm *s, int host_pid)
     unlock(s);
     my_slot = found;
     my_pid = pid;
-    if (found < 0)
-        VC_WARN("more than %d processes in this container; this one's memory is not recovered if it dies",
-                VC_MAX_SLOTS);
+    return found >= 0 ? 0 : -1;
 }
 
-void vc_shm_claim_if_needed(struct vc_shm *s, int host_pid)
+int vc_shm_claim_if_needed(struct vc_shm *s, int host_pid)
 {
     if (my_slot < 0 || my_pid != getpid())
-        vc_shm_claim(s, host_pid);
+        return vc_shm_claim(s, host_pid);
+    return 0;
+}
+
+int vc_shm_has_slot(void)
+{
+    return my_slot >= 0;
 }
 
 void vc_shm_forget_slot(struct vc_shm *s)
@@ -258,13 +262,18 @@ static void sweep_locked(struct vc_shm *s)
 int vc_shm_reserve(struct vc_shm *s, int d, uint64_t bytes, uint64_t limit)
 {
     lock(s);
+    struct vc_slot *sl = mine(s);
+    if (!sl) {
+        /* No slot: these bytes could not be given back if this process died,
+         * and the totals are rebuilt from the slots. Refused. */
+        unlock(s);
+        return -2;
+    }
     for (int attempt = 0; attempt < 2; attempt++) {
         uint64_t in_use = s->used[d] + s->overhead[d];
         if (limit == VC_NO_CAP || (in_use <= limit && bytes <= limit - in_use)) {
             s->used[d] += bytes;
-            struct vc_slot *sl = mine(s);
-            if (sl)
-                sl->used[d] += bytes;
+            sl->used[d] += bytes;
             unlock(s);
             return 0;
         }
@@ -279,9 +288,10 @@ void vc_shm_unreserve(struct vc_shm *s, int d, uint64_t bytes)
 {
     lock(s);
     struct vc_slot *sl = mine(s);
-    if (sl)
+    if (sl) { /* only a slot's bytes are in the totals */
         sl->used[d] -= bytes <= sl->used[d] ? bytes : sl->used[d];
-    s->used[d] -= bytes <= s->used[d] ? bytes : s->used[d];
+        s->used[d] -= bytes <= s->used[d] ? bytes : s->used[d];
+    }
     unlock(s);
 }
 

@@ -79,10 +79,14 @@ enum vc_measure {
 /* Map (creating if needed) the region for this container. Falls back to a
  * private region if the shared one cannot be used. Never fails. */
 struct vc_shm *vc_shm_attach(const char *shared_dir, const char *key_path_a, const char *key_path_b);
-/* Take a slot for this process (pid, host pid). */
-void vc_shm_claim(struct vc_shm *s, int host_pid);
-/* Claim a slot unless this process already has one. */
-void vc_shm_claim_if_needed(struct vc_shm *s, int host_pid);
+/* Take a slot for this process (pid, host pid), freeing the slots of
+ * processes that are gone if none is free: 0, or -1 when all VC_MAX_SLOTS
+ * belong to live processes (this process then gets no device memory). */
+int vc_shm_claim(struct vc_shm *s, int host_pid);
+/* Claim a slot unless this process already has one (same answer). */
+int vc_shm_claim_if_needed(struct vc_shm *s, int host_pid);
+/* Does this process hold a slot? */
+int vc_shm_has_slot(void);
 /* Forget this process's slot (after fork, in the child), and let go of the
  * parent's file description (the child locks its own slot). */
 void vc_shm_forget_slot(struct vc_shm *s);
@@ -90,7 +94,9 @@ void vc_shm_forget_slot(struct vc_shm *s);
 void vc_shm_release_slot(struct vc_shm *s);
 
 /* Reserve bytes on device slot d if used + overhead + bytes <= limit.
- * 0 = reserved, -1 = over the limit. limit VC_NO_CAP = no limit (still counted). */
+ * 0 = reserved, -1 = over the limit, -2 = this process has no slot (its
+ * bytes could not be given back at its death: never reserved).
+ * limit VC_NO_CAP = no limit (still counted). */
 int vc_shm_reserve(struct vc_shm *s, int d, uint64_t bytes, uint64_t limit);
 void vc_shm_unreserve(struct vc_shm *s, int d, uint64_t bytes);
 /* Memory the container uses on d (allocations + overhead). */

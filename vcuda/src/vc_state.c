@@ -22,20 +22,27 @@
 
 struct vc_state vc = {.single_slot = -1};
 
-static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int closed_reported;
+static int atfork_set;
 
+/* A forked child is a new process of the container: it learns its own
+ * identity again (its host PID, from the vDevice server or its PID
+ * namespace), takes its own slot when it uses CUDA, and starts its own
+ * limiter thread. Only async-signal-safe work is done here (the child of a
+ * multithreaded parent); the rest happens at its first CUDA or NVML call. */
 static void after_fork_child(void)
 {
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     memcpy(&dev_mu, &fresh, sizeof(dev_mu));
+    memcpy(&init_mu, &fresh, sizeof(init_mu));
     if (vc.shm)
         vc_shm_forget_slot(vc.shm);
     vc_table_reset();
     vc_throttle_after_fork();
-    int ready = VC_PHASE_READY;
-    atomic_compare_exchange_strong(&vc.phase, &ready, VC_PHASE_LIMITS);
+    vc.host_pid = 0;
+    atomic_store(&vc.phase, VC_PHASE_NEW);
 }
 
 __attribute__((destructor)) static void on_exit_release(void)
@@ -48,7 +55,7 @@ __attribute__((destructor)) static void on_exit_release(void)
 static void describe(const struct vc_limits *l)
 {
     VC_INFO("limits from %s: core_limit=%d hard_limit=%d core_ceiling=%d devices=%d host_pid=%d", l->source,
-            l->core_limit, l->hard_limit, l->core_ceiling, l->device_count, l->host_pid);
+            l->core_limit, l->hard_limit, l->core_ceiling, l->device_count, vc.host_pid);
     for (int i = 0; i < l->device_count; i++)
         VC_INFO("limits device %d: uuid=%s memory_limit=%llu", i, l->dev[i].uuid[0] ? l->dev[i].uuid : "(any)",
                 (unsigned long long)l->dev[i].memory_limit);
@@ -96,15 +103,26 @@ static void load_limits(void)
         VC_INFO("this process's host PID is unknown (%s), so NVML's per-process figures cannot be told apart "
                 "from other containers': its compute limit is measured from the card's utilisation",
                 registered ? "the vDevice server did not find it" : "limits from the file, not the vDevice server");
-    vc.shm = vc_shm_attach(s->shared_dir, s->limits_path, s->socket_path);
-    vc_shm_claim(vc.shm, vc.host_pid);
-    pthread_atfork(NULL, NULL, after_fork_child);
+    if (!vc.shm) /* a forked child keeps the region (remapped from its own descriptor) */
+        vc.shm = vc_shm_attach(s->shared_dir, s->limits_path, s->socket_path);
+    if (!atfork_set) {
+        atfork_set = 1;
+        pthread_atfork(NULL, NULL, after_fork_child);
+    }
+    /* The slot is taken when CUDA is initialised (vc_devices_init): a process
+     * that only asks NVML needs none. */
     atomic_store(&vc.phase, VC_PHASE_LIMITS);
 }
 
 int vc_process_init(void)
 {
-    pthread_once(&init_once, load_limits);
+    int p = atomic_load(&vc.phase);
+    if (p != VC_PHASE_NEW)
+        return p;
+    pthread_mutex_lock(&init_mu);
+    if (atomic_load(&vc.phase) == VC_PHASE_NEW)
+        load_limits();
+    pthread_mutex_unlock(&init_mu);
     return atomic_load(&vc.phase);
 }
 
@@ -205,6 +223,7 @@ static int map_devices(void)
         if (vc.nvml[s] && s >= 0 && s < 32)
             mask |= 1u << s;
     }
+    vc.nvml_mask = mask;
     vc_shm_set_nvml(vc.shm, mask); /* before the limiter looks for processes that can measure */
     for (int d = 0; d < count; d++) {
         int s = vc.slot_of[d];
@@ -234,7 +253,9 @@ void vc_devices_init(void)
 {
     pthread_mutex_lock(&dev_mu);
     if (atomic_load(&vc.phase) == VC_PHASE_LIMITS) {
-        vc_shm_claim_if_needed(vc.shm, vc.host_pid);
+        if (vc_shm_claim_if_needed(vc.shm, vc.host_pid) != 0) /* said (as an error) at its first allocation */
+            VC_INFO("no free slot among the container's %d: this process's allocations are refused until one is",
+                    VC_MAX_SLOTS);
         if (map_devices() == 0) {
             vc_throttle_configure(vc.limits.core_limit, vc.limits.hard_limit, vc.limits.core_ceiling);
             vc_watcher_start();

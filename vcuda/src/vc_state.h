@@ -33,6 +33,7 @@ struct vc_state {
     uint64_t mem_limit[VC_MAX_DEV]; /* per slot: bytes, VC_NO_CAP, 0 = none at all */
     uint64_t pitch_align[VC_MAX_DEV]; /* per CUdevice */
     nvmlDevice_t nvml[VC_MAX_DEV];  /* per slot, NULL if unknown */
+    uint32_t nvml_mask;             /* bit s: nvml[s] is known (this process can measure slot s) */
     char uuid[VC_MAX_DEV][96];      /* per CUdevice */
 };
 

@@ -139,9 +139,14 @@ void vc_throttle_unmeasurable(int slot, struct vc_shm *shm, int dev, const char 
     }
 }
 
+static uint64_t last_overhead[VC_MAX_DEV];
+static int unlisted_steps[VC_MAX_DEV]; /* see unlisted() */
+
 void vc_throttle_after_fork(void)
 {
-    atomic_store(&watcher_running, 0);
+    atomic_store(&watcher_running, 0); /* the parent's thread is not in the child */
+    memset(last_overhead, 0, sizeof(last_overhead)); /* the parent's overhead is not the child's */
+    memset(unlisted_steps, 0, sizeof(unlisted_steps));
 }
 
 static void refill(struct vc_throttle *t, uint64_t now)
@@ -304,14 +309,18 @@ static int sample(int s, struct vc_throttle *t, uint64_t now, uint64_t *own, uin
     return 0;
 }
 
-/* Is any process outside the container running on device slot s? -1 if NVML cannot say. */
-static int others_running(int s)
+/* NVML's list of the processes with a context on device slot s: fills pids
+ * (host PIDs) and mem (bytes each uses), up to cap. Returns how many it
+ * listed, cap + 1 when there were more, -1 if NVML cannot say. */
+static int running(int s, unsigned *pids, unsigned long long *mem, int cap)
 {
     nvmlDevice_t h = vc.nvml[s];
     nvmlProcessInfo_t buf[64];
     unsigned int n = 64;
     nvmlReturn_t r = NVML_ERROR_FUNCTION_NOT_FOUND;
     int v1 = 0;
+    if (!h)
+        return -1;
     if (REAL_I(nvmlDeviceGetComputeRunningProcesses_v3))
         r = REAL_I(nvmlDeviceGetComputeRunningProcesses_v3)(h, &n, buf);
     else if (REAL_I(nvmlDeviceGetComputeRunningProcesses_v2))
@@ -321,17 +330,78 @@ static int others_running(int s)
         r = REAL_I(nvmlDeviceGetComputeRunningProcesses)(h, &n, (nvmlProcessInfo_v1_t *)buf);
     }
     if (r == NVML_ERROR_INSUFFICIENT_SIZE)
-        return 1; /* more than 64 processes: certainly not all ours */
+        return cap + 1;
     if (r != NVML_SUCCESS)
         return -1;
+    int k = 0;
+    for (unsigned i = 0; i < n && i < 64 && k < cap; i++, k++) {
+        if (v1) {
+            nvmlProcessInfo_v1_t *x = &((nvmlProcessInfo_v1_t *)buf)[i];
+            pids[k] = x->pid;
+            mem[k] = x->usedGpuMemory;
+        } else {
+            pids[k] = buf[i].pid;
+            mem[k] = buf[i].usedGpuMemory;
+        }
+    }
+    return n > (unsigned)cap ? cap + 1 : k;
+}
+
+/* Is any process outside the container running on device slot s? -1 if NVML cannot say. */
+static int others_running(int s)
+{
+    unsigned listed[64];
+    unsigned long long mem[64];
+    int n = running(s, listed, mem, 64);
+    if (n < 0)
+        return -1;
+    if (n > 64)
+        return 1; /* more than 64 processes: certainly not all ours */
     int pids[VC_MAX_SLOTS];
     int np = vc_shm_host_pids(vc.shm, pids, VC_MAX_SLOTS);
-    for (unsigned i = 0; i < n && i < 64; i++) {
-        unsigned pid = v1 ? ((nvmlProcessInfo_v1_t *)buf)[i].pid : buf[i].pid;
-        if (!in_set(pid, pids, np))
+    for (int i = 0; i < n; i++)
+        if (!in_set(listed[i], pids, np))
             return 1;
-    }
     return 0;
+}
+
+/* Does NVML list any of the container's processes on device slot s? 1 yes,
+ * 0 no, -1 it cannot say. A process that launches work has a context on the
+ * device, and NVML lists every process with a context: when none of the
+ * container's host PIDs is there, they are not the PIDs NVML reports. */
+static int ours_listed(int s)
+{
+    unsigned listed[64];
+    unsigned long long mem[64];
+    int n = running(s, listed, mem, 64);
+    if (n < 0 || n > 64)
+        return n < 0 ? -1 : 1; /* more than 64: cannot tell, assume seen */
+    int pids[VC_MAX_SLOTS];
+    int np = vc_shm_host_pids(vc.shm, pids, VC_MAX_SLOTS);
+    for (int i = 0; i < n; i++)
+        if (in_set(listed[i], pids, np))
+            return 1;
+    return 0;
+}
+
+/* NVML's per-process figures show none of the container's use while it
+ * spends tokens, and its list of processes on the device has none of the
+ * container's host PIDs, twice in a row (this process's count). Unlike
+ * blind(), this does not depend on the container being held back by the
+ * bucket, so a rate that already climbed past the card is caught too. */
+static int unlisted(int s, uint64_t own, int64_t spent)
+{
+    if (own != 0)
+        unlisted_steps[s] = 0; /* NVML sees the container's use: its PIDs are the right ones */
+    if (own != 0 || spent <= 0)
+        return 0;
+    int r = ours_listed(s);
+    if (r != 0) {
+        if (r == 1)
+            unlisted_steps[s] = 0;
+        return 0;
+    }
+    return ++unlisted_steps[s] >= 2;
 }
 
 /* Device mode: the card's utilisation stands for the container's own when no
@@ -440,6 +510,11 @@ static void control(int s, struct vc_throttle *t, uint64_t now)
         if (rc == -2) {
             set_mode(s, t, mode, VC_MEASURE_DEVICE, "NVML does not report per-process utilisation (not supported)");
             mode = VC_MEASURE_DEVICE;
+        } else if (rc == 0 && unlisted(s, own, spent)) {
+            set_mode(s, t, mode, VC_MEASURE_DEVICE,
+                     "NVML lists none of this container's processes on the device while it launches work there "
+                     "(its host PIDs are not the ones NVML reports)");
+            mode = VC_MEASURE_DEVICE;
         } else if (rc == 0 && blind(t, own, other)) {
             set_mode(s, t, mode, VC_MEASURE_DEVICE,
                      "NVML's per-process utilisation shows none of this container's use while it launches on a "
@@ -531,42 +606,20 @@ static void control(int s, struct vc_throttle *t, uint64_t now)
  * two readings would not describe the same moment), and overhead must be seen
  * in two consecutive samples before it counts, so a passing allocation is
  * never mistaken for overhead. */
-static uint64_t last_overhead[VC_MAX_DEV];
-
 static void overhead(int s)
 {
-    nvmlDevice_t h = vc.nvml[s];
-    if (!h)
+    if (!vc.nvml[s])
         return;
     uint64_t gen = atomic_load(&vc_mem_gen);
     uint64_t own_counted = vc_shm_own_used(vc.shm, s);
-    nvmlProcessInfo_t buf[64];
-    unsigned int n = 64;
-    nvmlReturn_t r = NVML_ERROR_FUNCTION_NOT_FOUND;
-    int v1 = 0;
-    if (REAL_I(nvmlDeviceGetComputeRunningProcesses_v3))
-        r = REAL_I(nvmlDeviceGetComputeRunningProcesses_v3)(h, &n, buf);
-    else if (REAL_I(nvmlDeviceGetComputeRunningProcesses_v2))
-        r = REAL_I(nvmlDeviceGetComputeRunningProcesses_v2)(h, &n, buf);
-    else if (REAL_I(nvmlDeviceGetComputeRunningProcesses)) {
-        v1 = 1;
-        r = REAL_I(nvmlDeviceGetComputeRunningProcesses)(h, &n, (nvmlProcessInfo_v1_t *)buf);
-    }
-    if (r != NVML_SUCCESS || atomic_load(&vc_mem_gen) != gen)
+    unsigned listed[64];
+    unsigned long long mem[64];
+    int n = running(s, listed, mem, 64);
+    if (n < 0 || atomic_load(&vc_mem_gen) != gen)
         return;
-    for (unsigned i = 0; i < n; i++) {
-        unsigned pid;
-        unsigned long long used;
-        if (v1) {
-            nvmlProcessInfo_v1_t *x = &((nvmlProcessInfo_v1_t *)buf)[i];
-            pid = x->pid;
-            used = x->usedGpuMemory;
-        } else {
-            pid = buf[i].pid;
-            used = buf[i].usedGpuMemory;
-        }
-        if ((int)pid == vc.host_pid) {
-            uint64_t now = used > own_counted ? used - own_counted : 0;
+    for (int i = 0; i < n && i < 64; i++) {
+        if ((int)listed[i] == vc.host_pid) {
+            uint64_t now = mem[i] > own_counted ? mem[i] - own_counted : 0;
             uint64_t confirmed = now < last_overhead[s] ? now : last_overhead[s];
             last_overhead[s] = now;
             vc_shm_set_overhead(vc.shm, s, confirmed);
@@ -608,10 +661,12 @@ static void *watcher(void *arg)
                     overhead(s);
             vc_shm_sweep(vc.shm);
         }
+        int limiting = 0;
         for (int s = 0; s < VC_MAX_DEV; s++) {
             struct vc_throttle *t = vc_thr[s];
             if (!t)
                 continue;
+            limiting = 1;
             watch_measure(s, t, slow);
             if (atomic_load(&t->mode) == VC_MEASURE_NONE) {
                 atomic_store(&t->tokens, INT64_MAX / 2); /* not enforced: launches never wait */
@@ -624,7 +679,13 @@ static void *watcher(void *arg)
             if (vc.nvml[s])
                 control(s, t, now); /* only processes that can measure step the controller */
         }
-        struct timespec ts = {0, (long)WATCH_TICK_NS};
+        /* Only memory to watch: wake once a second, not every tick (a
+         * container of hundreds of idle processes must not keep a core busy). */
+        uint64_t after = now_ns();
+        uint64_t nap = limiting ? WATCH_TICK_NS : (next_slow > after ? next_slow - after : 0);
+        if (nap > SLOW_PERIOD_NS)
+            nap = SLOW_PERIOD_NS;
+        struct timespec ts = {(time_t)(nap / 1000000000ull), (long)(nap % 1000000000ull)};
         nanosleep(&ts, NULL);
     }
     return NULL;

@@ -91,7 +91,7 @@ def race(fx: Fixture) -> None:
     fx.figure(f"race: 4 processes x 3 rounds, limit {limit >> 20} MiB, held {total >> 20} MiB at most")
 
 
-@case("memory: a killed process's memory is given back and the lock is never left held")
+@case("memory: a killed process's memory is given back and the lock is never left held", alone=True)
 def dead_processes(fx: Fixture) -> None:
     node = fx.node([(UUID_A, 16 * GiB, 80)])
     c = fx.container()

@@ -24,7 +24,7 @@ def preload_procaddr(fx: Fixture) -> None:
     assert r.out.count("PASS") == 7, r.out
 
 
-def _dropin(fx: Fixture, c: Container, node: Node, explicit: bool) -> dict[str, str]:
+def dropin_env(fx: Fixture, c: Container, node: Node, explicit: bool) -> dict[str, str]:
     """The shim installed as libcuda.so.1 and libnvidia-ml.so.1 in a directory of its own."""
     d = fx.path("dropin")
     d.mkdir(exist_ok=True)
@@ -48,7 +48,7 @@ def dropin_explicit(fx: Fixture) -> None:
     node = fx.node([(UUID_A, 16 * GiB, 80)])
     c = fx.container()
     c.write_limits([(UUID_A, 8 * GiB)])
-    env = _dropin(fx, c, node, explicit=True)
+    env = dropin_env(fx, c, node, explicit=True)
     r = c.run("vcproc", env=env).ok()
     assert r.out.count("PASS") == 7, r.out
     c.write_limits([(UUID_A, 1 * GiB)])
@@ -63,7 +63,7 @@ def dropin_search(fx: Fixture) -> None:
     node = fx.node([(UUID_A, 16 * GiB, 80)])
     c = fx.container()
     c.write_limits([(UUID_A, 1 * GiB)])
-    env = _dropin(fx, c, node, explicit=False)
+    env = dropin_env(fx, c, node, explicit=False)
     r = c.run("vcmem", "paths", env=env).ok()
     assert r.out.count("PASS") == 9, r.out
     bad = dict(env, VCUDA_REAL_CUDA=str(fx.path("dropin") / "libcuda.so.1"), VCUDA_LOG_LEVEL="1")
@@ -118,3 +118,22 @@ def preload_explicit(fx: Fixture) -> None:
     other = c.env(node, VCUDA_REAL_CUDA=str(copy / "libcuda.so.1"))
     r = c.run("vcmem", "paths", env=other).ok()
     assert "is not the libcuda.so.1 this process loads" in r.err, r.err
+
+
+@case("injection: dlmopen(LM_ID_NEWLM) of libcuda.so.1 bypasses the LD_PRELOAD build; the drop-in build holds "
+      "(but not against the real driver opened by path)")
+def dlmopen_namespace(fx: Fixture) -> None:
+    # A new link-map namespace gets no preloaded library: documented in docs/shim.md as what the LD_PRELOAD
+    # build cannot stop. Installed as libcuda.so.1, the shim is what the new namespace loads by that name.
+    node = fx.node([(UUID_A, 16 * GiB, 80)])
+    c = fx.container()
+    c.write_limits([(UUID_A, 1 * GiB)])
+    pre = c.run("vcdlmopen", env=c.env(node))
+    assert pre.rc == 0 and pre.line("ALLOC") == "ALLOC 0", f"LD_PRELOAD: {pre.out}{pre.err}"
+    env = dropin_env(fx, c, node, explicit=True)
+    drop = c.run("vcdlmopen", env=env)
+    assert drop.rc == 0 and drop.line("ALLOC") == "ALLOC 2", f"drop-in: {drop.out}{drop.err}"
+    # Neither build is a security boundary: the real driver opened by its path is not the shim (the drop-in build
+    # must be able to open that file too). docs/shim.md says so.
+    direct = c.run("vcdlmopen", env["VCUDA_REAL_CUDA"], env=env)
+    assert direct.rc == 0 and direct.line("ALLOC") == "ALLOC 0", f"drop-in, real path: {direct.out}{direct.err}"

@@ -12,9 +12,14 @@ if TYPE_CHECKING:
 CASES: list[Case] = []
 
 
-def case(title: str, slow: bool = False) -> Callable[[Callable[[Fixture], None]], Callable[[Fixture], None]]:
+def case(
+    title: str, slow: bool = False, alone: bool = False
+) -> Callable[[Callable[[Fixture], None]], Callable[[Fixture], None]]:
+    """slow: a long case (compute measured over seconds); alone: a burst of CPU work (hundreds of processes, busy
+    loops) that runs after the others, by itself, so that it cannot starve a compute case's measurement."""
+
     def register(fn: Callable[[Fixture], None]) -> Callable[[Fixture], None]:
-        CASES.append(Case(title, fn, slow))
+        CASES.append(Case(title, fn, slow, alone))
         return fn
 
     return register
@@ -25,3 +30,4 @@ class Case:
     title: str
     fn: Callable[[Fixture], None]
     slow: bool
+    alone: bool = False

@@ -13,7 +13,9 @@
  *   vcmem ctx CTX_BYTES         context memory is counted (through NVML)
  *   vcmem devices               per-device limits with several GPUs
  *   vcmem churn                 allocate and free in a loop until killed
- *   vcmem init                  cuInit and one allocation, print the results */
+ *   vcmem init                  cuInit and one allocation, print the results
+ *   vcmem serve                 cuInit, say READY <pid>, then obey stdin lines: "alloc BYTES" (says ALLOC <rc>),
+ *                               "exit", "_exit" (end that way); end with exit() at end of input */
 #include <pthread.h>
 
 #include "testlib.h"
@@ -365,6 +367,26 @@ static void churn(void)
     }
 }
 
+static void serve(void)
+{
+    printf("READY %d\n", (int)getpid());
+    fflush(stdout);
+    char line[128];
+    while (fgets(line, sizeof(line), stdin)) {
+        unsigned long long n;
+        CUdeviceptr p;
+        if (sscanf(line, "alloc %llu", &n) == 1) {
+            printf("ALLOC %d\n", cuMemAlloc_v2(&p, n));
+            fflush(stdout);
+        } else if (strncmp(line, "exit", 4) == 0) {
+            exit(0);
+        } else if (strncmp(line, "_exit", 5) == 0) {
+            _exit(0);
+        }
+    }
+    exit(0);
+}
+
 static void devices(void)
 {
     int n = 0;
@@ -444,6 +466,8 @@ int main(int argc, char **argv)
         churn();
     else if (strcmp(cmd, "fill") == 0)
         fill();
+    else if (strcmp(cmd, "serve") == 0)
+        serve();
     else if (strcmp(cmd, "ctx") == 0 && argc >= 3)
         ctx(strtoull(argv[2], NULL, 10));
     else
