@@ -166,8 +166,9 @@ class FakeNvmlNode:
             f.flush()
             os.fsync(f.fileno())
 
-    def xid(self, gpu: int, code: int) -> None:
-        self.send(f"xid {gpu} {code}")
+    def xid(self, gpu: int, code: int, instance: tuple[int, int] | None = None) -> None:
+        """An XID on the card, or on one MIG instance (GI, CI)."""
+        self.send(f"xid {gpu} {code}" + (f" {instance[0]} {instance[1]}" if instance else ""))
 
     def double_bit_ecc(self, gpu: int) -> None:
         self.send(f"dbe {gpu}")

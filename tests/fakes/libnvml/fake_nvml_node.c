@@ -12,7 +12,7 @@
  *   noecc <gpu>                     the card has ECC off (or none): no ECC counters, no double-bit ECC events
  *                                   (registering for them is refused with NOT_SUPPORTED, as NVML does)
  * Control commands, applied in order as the library next looks (every call reads what was appended):
- *   xid <gpu> <code>     dbe <gpu> (double-bit ECC event, +1 volatile uncorrected)    ecc <gpu> <count>
+ *   xid <gpu> <code> [<gi> <ci>] (on one MIG instance)     dbe <gpu> (double-bit ECC event, +1 volatile uncorrected)    ecc <gpu> <count>
  *   temp <gpu> <C>       lost <gpu>      back <gpu>      proc <gpu> <pid> <bytes> <sm %>   noproc <gpu> <pid>
  *   (a process's <bytes> may be 18446744073709551615, NVML's "value not available", as old drivers report)
  * A control line of LINE_MAX_LEN - 1 characters or more (before its newline) is skipped whole.
@@ -129,6 +129,7 @@ struct gpu {
 struct event {
     int gpu;
     unsigned long long type, data;
+    unsigned int gi, ci; /* the MIG instance the event names (~0: the whole card) */
 };
 
 struct eventset {
@@ -167,14 +168,19 @@ static int gpu_arg(const char *s)
     return (*end == 0 && v >= 0 && v < S.count) ? (int)v : -1;
 }
 
-static void push_event(int g, unsigned long long type, unsigned long long data)
+static void push_event_on(int g, unsigned long long type, unsigned long long data, unsigned int gi, unsigned int ci)
 {
     if (!(S.gpus[g].mask & type))
         return; /* as NVML: only cards registered for this kind of event when it happens get it */
     if (S.qlen == MAX_EVENTS)
         return; /* full: the oldest stay, as a bounded driver queue would drop */
-    S.q[(S.qhead + S.qlen) % MAX_EVENTS] = (struct event){g, type, data};
+    S.q[(S.qhead + S.qlen) % MAX_EVENTS] = (struct event){g, type, data, gi, ci};
     S.qlen++;
+}
+
+static void push_event(int g, unsigned long long type, unsigned long long data)
+{
+    push_event_on(g, type, data, ~0U, ~0U);
 }
 
 static void apply_command(char *line)
@@ -189,8 +195,9 @@ static void apply_command(char *line)
     struct gpu *p = &S.gpus[g];
     if (mig_command(cmd, g, b, c, d))
         return;
-    if (!strcmp(cmd, "xid")) {
-        push_event(g, EV_XID, strtoull(b, NULL, 10));
+    if (!strcmp(cmd, "xid")) { /* xid <gpu> <code> [<gi> <ci>]: on one MIG instance */
+        push_event_on(g, EV_XID, strtoull(b, NULL, 10), c[0] ? (unsigned int)atoi(c) : ~0U,
+                      d[0] ? (unsigned int)atoi(d) : ~0U);
     } else if (!strcmp(cmd, "dbe")) {
         if (p->noecc)
             return; /* no ECC: no ECC errors to report */
@@ -785,8 +792,10 @@ static nvmlReturn_t wait_event(nvmlEventSet_t set, nvmlEventData_t *out, unsigne
             out->device = &S.gpus[e.gpu];
             out->eventType = e.type;
             out->eventData = e.data;
-            if (v2)
-                out->gpuInstanceId = out->computeInstanceId = ~0U;
+            if (v2) {
+                out->gpuInstanceId = e.gi;
+                out->computeInstanceId = e.ci;
+            }
             return leave(NVML_SUCCESS);
         }
         pthread_mutex_unlock(&S.mu);
