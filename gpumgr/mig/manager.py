@@ -37,6 +37,13 @@ class MigManager:
     def cards(self) -> tuple[MigCard, ...]:
         return self._backend.mig_cards()
 
+    def backend_create(self, card: int, profile_id: int, start: int) -> MigInstance:
+        """NVML alone, for a front end that commits its own steps around it (dra/mig_prepare.py)."""
+        return self._backend.mig_create(card, profile_id, start)
+
+    def backend_destroy(self, card: int, gi: int) -> bool:
+        return self._backend.mig_destroy(card, gi)
+
     def reconcile(self, keep: Callable[[MigInstance], bool] | None = None) -> rec.Plan:
         """Bring the ledger and NVML together (at every start, before any front end serves)."""
         cards = self._backend.mig_cards()
