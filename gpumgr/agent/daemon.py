@@ -37,6 +37,7 @@ from gpumgr.vdevice.server import VDeviceManager
 
 if TYPE_CHECKING:
     from gpumgr.dra.frontend import DraFrontEnd
+    from gpumgr.mig.agent import MigRuntime
 
 log = logging.getLogger("gpumgr.agent")
 
@@ -68,6 +69,7 @@ class Agent:
         self.dra: DraFrontEnd | None = None
         self.cordon: CordonWatch | None = None
         self._handing_out: asyncio.Event | None = None  # set once the ledger may be handed out (device plugins)
+        self.mig: MigRuntime | None = None  # MIG-capable cards: the manager, layout report, per-profile plugins
 
     @property
     def ready(self) -> bool:
@@ -85,6 +87,7 @@ class Agent:
         state = NodeState(cfg.node_name, inv, store, cfg.memory_unit_mib)
         load_checkpoint(state)
         self.state = state
+        await self._start_mig(state)
 
         self.pods = PodCache(self.kube, cfg.node_name)
         def poke() -> None:
@@ -121,6 +124,9 @@ class Agent:
             HealthConfig(ignored_xids=frozenset(cfg.health_ignore_xids), temp_unhealthy_c=cfg.temp_unhealthy_c,
                          temp_healthy_c=cfg.temp_healthy_c),
             on_transition=self._on_health, on_xid=self._on_xid)
+        if self.mig is not None:
+            mig = self.mig
+            self.health.on_instance_event = lambda event: mig.on_instance_event(state, event)
         await self.health.start()  # health is known before the plugins first list their devices
 
         # the plugins register now; their Allocate-side calls wait until the pods are listed and the start-up
@@ -132,6 +138,7 @@ class Agent:
                            PluginServicer(self.service, "c", podspec.RESOURCE_CORE, ready=handing_out)),
                 PluginSpec(podspec.RESOURCE_MEMORY, "vmemory.sock",
                            PluginServicer(self.service, "m", podspec.RESOURCE_MEMORY, ready=handing_out)),
+                *(self.mig.plugins if self.mig is not None else []),
             ], on_register=self._on_register)
             await self.supervisor.start()
         self._handing_out = handing_out
@@ -241,6 +248,21 @@ class Agent:
         while True:
             await asyncio.sleep(CORDON_REFRESH_S)
             await self.refresh_cordon()
+
+    async def _start_mig(self, state: NodeState) -> None:
+        """MIG before any front end serves: reconcile with NVML, apply the layout, the per-profile plugins."""
+        from gpumgr.mig import agent as mig_agent
+
+        cfg = self.config
+        labels: dict[str, str] = {}
+        try:
+            node = await asyncio.wait_for(self.kube.get_node(cfg.node_name), mig_agent.LABEL_READ_S)
+            labels = dict(((node or {}).get("metadata") or {}).get("labels") or {})
+        except Exception as e:  # noqa: BLE001 - the configured layout is used instead
+            log.warning("reading node %s for its MIG layout label failed: %s", cfg.node_name, e)
+        settings = mig_agent.MigSettings(layout=cfg.mig_layout, layouts_file=cfg.mig_layouts_file,
+                                         prefix=cfg.mig_prefix, mig_minors=cfg.mig_minors, cdi=cfg.cdi)
+        self.mig = await mig_agent.start(state, self.backend, settings, labels, with_plugins=self.mode != "dra")
 
     def _on_register(self, resource: str, again: bool) -> None:
         if again and self.metrics is not None:

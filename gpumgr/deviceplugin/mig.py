@@ -77,8 +77,11 @@ class MigPluginServicer(pb_grpc.DevicePluginServicer):
         return [pb.Device(ID=s.uuid, health="Unhealthy" if s.name in self.health.reasons
                           or not self.state.ledger.card(s.card).healthy else "Healthy") for s in self.slots()]
 
-    async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DevicePluginOptions:  # noqa: N802,E501
+    def options(self) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=False)
+
+    async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DevicePluginOptions:  # noqa: N802,E501
+        return self.options()
 
     async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListAndWatchResponse]:  # noqa: N802,E501
         sent: list[tuple[str, str]] | None = None

@@ -25,8 +25,10 @@ def apply_layout(manager: MigManager, ledger: Callable[[], Ledger], layout: Layo
             _apply_card(manager, ledger, layout, card, names, report)
         except (LayoutError, MigError, LedgerError) as e:
             report.refused.append(f"layout {layout.name}: {e}")
-    for line in report.done:
-        log.info("MIG %s", line)
+    for line in report.done:  # each create and destroy was logged as it happened
+        log.debug("MIG %s", line)
+    log.info("MIG layout %s: %d changes or checks done, %d refused", layout.name, len(report.done),
+             len(report.refused))
     for line in report.refused:
         log.warning("MIG refused: %s", line)
     return report

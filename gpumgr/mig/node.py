@@ -12,9 +12,11 @@ from typing import Any
 
 from gpumgr.allocator.ledger import Ledger
 from gpumgr.devices.backend import MigBackend
+from gpumgr.mig.apply import keeper
+from gpumgr.mig.layout import Layout
 from gpumgr.mig.manager import MigManager
 from gpumgr.mig.reconcile import Plan
-from gpumgr.mig.types import MigError, MigInstance
+from gpumgr.mig.types import MigError
 from gpumgr.node.state import NodeState
 
 log = logging.getLogger("gpumgr.mig")
@@ -28,9 +30,10 @@ def manager_for(state: NodeState, backend: MigBackend, loop: asyncio.AbstractEve
     return MigManager(backend, commit, lambda: state.ledger)
 
 
-async def start(state: NodeState, backend: MigBackend, keep: Callable[[MigInstance], bool] | None = None) \
-        -> tuple[MigManager, Plan]:
+async def start(state: NodeState, backend: MigBackend, layout: Layout | None = None) -> tuple[MigManager, Plan]:
+    """`layout`: instances nobody recorded that it wants are adopted (see apply.keeper), the rest destroyed."""
     manager = manager_for(state, backend, asyncio.get_running_loop())
+    keep = await asyncio.to_thread(keeper, manager, layout) if layout is not None else None
     plan = await asyncio.to_thread(manager.reconcile, keep)
     for slot in [s for s in state.ledger.slots.values() if s.origin == "claim"]:
         if not state.ledger.slot_holders.get(slot.name):
