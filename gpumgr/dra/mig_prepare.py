@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from gpumgr.dra import cdi
 from gpumgr.dra.claims import ClaimError, check_uid
 from gpumgr.dra.config import CDI_KIND
 from gpumgr.dra.mig_slices import parse_device_name
+from gpumgr.dra_results import ResultError, allocated_results
 from gpumgr.mig.caps import CapsError, instance_nodes, read_minors
 from gpumgr.mig.manager import MigManager
 from gpumgr.mig.types import MigError
@@ -138,3 +140,31 @@ class MigClaims:
             await self.state.commit(forget)
         await self.state.run_io(self.cdi.remove, uid)  # 3
         return len(keys)
+
+
+def mig_results_of(claim: Mapping[str, Any], driver: str, pool: str) -> list[MigResult]:
+    """This driver's results of `claim` when they name MIG devices ([] when none does); ClaimError when the claim
+    mixes MIG devices with whole/fractional ones (one claim is prepared by one path) or names another pool."""
+    try:
+        results = allocated_results(claim) or []
+    except ResultError:
+        return []  # malformed: the whole-card path reports it
+    mine = [r for r in results if r.get("driver") == driver]
+    mig = [r for r in mine if parse_device_name(str(r.get("device", ""))) is not None]
+    if not mig:
+        return []
+    meta = claim.get("metadata") or {}
+    label = f"claim {meta.get('namespace', '')}/{meta.get('name', '')}"
+    if len(mig) != len(mine):
+        raise ClaimError(f"{label} mixes MIG devices with whole or fractional ones: use one claim for each")
+    if any(r.get("pool") != pool for r in mig):
+        raise ClaimError(f"{label}: a MIG device of another pool than this node's ({pool})")
+    return [MigResult(request=str(r.get("request", "")), device=str(r["device"])) for r in mig]
+
+
+def first_pod(claim: Mapping[str, Any]) -> tuple[str, str]:
+    """(name, uid) of the first pod the claim is reserved for; ("", "") when none."""
+    for ref in (claim.get("status") or {}).get("reservedFor") or []:
+        if isinstance(ref, dict) and ref.get("resource") == "pods" and isinstance(ref.get("uid"), str):
+            return str(ref.get("name", "")), ref["uid"]
+    return "", ""
