@@ -33,7 +33,7 @@ from gpumgr.devices import mig_nvml
 from gpumgr.devices.types import GPU, DiscoveryError, GPUStatus, HealthEvent, Inventory, ProcessUsage
 from gpumgr.mig.profiles import family_of
 from gpumgr.mig.types import MigCard, MigError, MigInstance
-from gpumgr.podspec import ascii_uint
+from gpumgr.requests.podspec import ascii_uint
 
 log = logging.getLogger("gpumgr.devices.nvml")
 

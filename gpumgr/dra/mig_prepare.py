@@ -24,12 +24,12 @@ from gpumgr.dra import cdi
 from gpumgr.dra.claims import ClaimError, check_uid
 from gpumgr.dra.config import CDI_KIND
 from gpumgr.dra.mig_slices import parse_device_name
-from gpumgr.dra_results import ResultError, allocated_results
 from gpumgr.mig.caps import CapsError, instance_nodes, read_minors
 from gpumgr.mig.manager import MigManager
 from gpumgr.mig.types import MigError
 from gpumgr.node.claims import LEDGER_PREFIX, claim_keys
 from gpumgr.node.state import NodeState
+from gpumgr.requests.claim_results import ResultError, allocated_results
 
 log = logging.getLogger("gpumgr.dra.mig")
 

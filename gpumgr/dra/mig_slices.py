@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpumgr.devices.types import Inventory
-from gpumgr.dra.quantity import format_bytes
 from gpumgr.mig.types import MigCard, MigProfile
+from gpumgr.requests.quantity import format_bytes
 
 MIB = 2**20
 MAX_DEVICES = 128

@@ -10,12 +10,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpumgr.checkpoint import CheckpointStore
 from gpumgr.devices.fake_nvml_node import mig_minors_text
 from gpumgr.devices.nvml import NvmlBackend
 from gpumgr.devices.types import GPU, Inventory
 from gpumgr.dra.mig_prepare import MigClaims, MigResult
 from gpumgr.mig import node as mig_node
+from gpumgr.node.checkpoint import CheckpointStore
 from gpumgr.node.state import NodeState, load_checkpoint
 from tests.bench.stats import summary_ms
 from tests.fakes import nvml_node

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from gpumgr.allocator import Ledger
-from gpumgr.checkpoint import CheckpointStore
 from gpumgr.mig.manager import MigManager
 from gpumgr.mig.types import MigInstance
+from gpumgr.node.checkpoint import CheckpointStore
 
 
 class Crash(BaseException):

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumgr.checkpoint import CheckpointStore
 from gpumgr.devices.types import GPU, Inventory
+from gpumgr.node.checkpoint import CheckpointStore
 from gpumgr.sim.kubeapi import KubeApiServer
 from gpumgr.sim.kubelet import ContainerRequest, KubeletEmulator
 from gpumgr.sim.node import shim_source_for

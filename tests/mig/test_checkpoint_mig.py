@@ -11,7 +11,7 @@ import pytest
 
 from gpumgr.allocator import Allocation, Ledger
 from gpumgr.allocator.mig_slots import MigSlot
-from gpumgr.checkpoint import CheckpointError, CheckpointStore, checksum, decode
+from gpumgr.node.checkpoint import CheckpointError, CheckpointStore, checksum, decode
 
 
 def ledger_with_mig() -> Ledger:

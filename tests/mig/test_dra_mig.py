@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from kubernetes.client.models import V1ResourceSliceSpec
 
-from gpumgr.checkpoint import CheckpointStore
 from gpumgr.devices.fake_nvml_node import mig_minors_text
 from gpumgr.devices.mig_sim import SimulatedMig
 from gpumgr.devices.types import GPU, Inventory
@@ -22,6 +21,7 @@ from gpumgr.dra import mig_slices
 from gpumgr.dra.mig_prepare import MigClaims, MigResult
 from gpumgr.dra.slices import build_spec
 from gpumgr.mig import node as mig_node
+from gpumgr.node.checkpoint import CheckpointStore
 from gpumgr.node.state import NodeState, load_checkpoint
 from tests.mig.harness import Crash, CrashingBackend, Steps, recorded, truth
 from tests.mig.test_restarts import hardware  # noqa: F401 - the fixture: simulated and fake-NVML cards

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from gpumgr.checkpoint import CheckpointStore
 from gpumgr.devices.fake_nvml_node import mig_minors_text
 from gpumgr.devices.mig_sim import SimulatedMig
 from gpumgr.devices.simulated import SimulatedBackend
@@ -23,6 +22,7 @@ from gpumgr.dra.kubeaccess import DraKube
 from gpumgr.dra.mig_prepare import MigClaims
 from gpumgr.dra.mig_slices import parse_device_name
 from gpumgr.mig import node as mig_node
+from gpumgr.node.checkpoint import CheckpointStore
 from gpumgr.node.state import NodeState, load_checkpoint
 from gpumgr.sim.dra_scheduler import Unschedulable
 from gpumgr.vdevice.server import VDeviceManager
@@ -112,8 +112,10 @@ async def test_two_profiles_allocated_apart_prepared_and_destroyed(node: MigDraN
     slot = node.state.ledger.slots[f"mig-0-{big_start}"]  # type: ignore[union-attr]
     assert spec["devices"][0]["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={slot.uuid}"]
 
+    first = node.kubelet.registrations
     await node.stop_agent()  # a restart: prepared MIG claims are restored, not freed
     await node.start_agent()
+    await node.kubelet.wait_driver(DRIVER_NAME, after=first)  # the kubelet's new connection, before any call
     assert node.fe is not None and node.fe.recovery is not None and sorted(node.fe.recovery.freed) == []
     assert len(node.fe.recovery.restored) == 2
     assert instances(node) == {(0, 0, "3g.40gb"), (0, 4, "2g.20gb")}

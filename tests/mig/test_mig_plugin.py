@@ -10,7 +10,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gpumgr.checkpoint import CheckpointStore
 from gpumgr.deviceplugin import mig as plugin
 from gpumgr.devices.fake_nvml_node import mig_minors_text
 from gpumgr.devices.mig_sim import SimulatedMig
@@ -18,6 +17,7 @@ from gpumgr.devices.simulated import SimulatedBackend
 from gpumgr.devices.types import GPU, Inventory
 from gpumgr.mig import layout as lay
 from gpumgr.mig.apply import apply_layout
+from gpumgr.node.checkpoint import CheckpointStore
 from gpumgr.node.state import NodeState
 from gpumgr.pb import deviceplugin_pb2 as pb
 from gpumgr.pb import deviceplugin_pb2_grpc as pb_grpc
