@@ -30,7 +30,7 @@ from gpumgr.metrics import AgentMetrics, MetricsServer, UsageReader, build_app, 
 from gpumgr.node import inventory as node_inventory
 from gpumgr.node.cgroups import CgroupReader
 from gpumgr.node.checkpoint import CheckpointStore
-from gpumgr.node.labels import labels_patch, node_labels
+from gpumgr.node.labels import GAIA_MODEL_LABEL, labels_patch, node_labels
 from gpumgr.node.state import NodeState, load_checkpoint
 from gpumgr.requests import podspec
 from gpumgr.requests.choices import CordonWatch
@@ -223,7 +223,14 @@ class Agent:
         try:
             node = await self.kube.get_node(cfg.node_name)
             current = ((node or {}).get("metadata") or {}).get("labels") or {}
-            patch = labels_patch(current, node_labels(self.state.inventory, cfg.label_prefix), cfg.label_prefix)
+            wanted = node_labels(self.state.inventory, cfg.label_prefix)
+            also: set[str] = {GAIA_MODEL_LABEL}
+            if self.mig is not None:  # GPU Feature Discovery's MIG labels (gpumgr/mig/labels.py)
+                from gpumgr.mig.labels import mig_labels, owned
+
+                wanted.update(mig_labels(self.mig.cards, self.state.ledger, self.mig.layout_refused))
+                also |= owned(current, wanted)
+            patch = labels_patch(current, wanted, cfg.label_prefix, also)
             if patch:
                 await self.kube.patch_node_metadata(cfg.node_name, labels=patch)
                 log.info("node %s labels updated: %s", cfg.node_name, patch)

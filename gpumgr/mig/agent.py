@@ -20,6 +20,7 @@ from gpumgr.mig import layout as lay
 from gpumgr.mig import node as mig_node
 from gpumgr.mig.apply import apply_layout
 from gpumgr.mig.manager import MigManager
+from gpumgr.mig.types import MigCard
 from gpumgr.node.state import NodeState
 
 log = logging.getLogger("gpumgr.mig")
@@ -42,6 +43,8 @@ class MigRuntime:
     health: plugin.MigHealth
     report: lay.Report
     plugins: list[PluginSpec] = field(default_factory=list)
+    cards: tuple[MigCard, ...] = ()  # after the layout: modes, profiles, instances
+    layout_refused: bool | None = None  # None: no layout asked
 
     def on_instance_event(self, state: NodeState, event: HealthEvent) -> bool:
         """True when the event named one of the ledger's instances (marked; the card is left alone)."""
@@ -98,7 +101,9 @@ async def start(state: NodeState, backend: Any, settings: MigSettings, node_labe
     report = lay.Report()
     if layout is not None:
         report = await asyncio.to_thread(apply_layout, manager, lambda: state.ledger, layout)
-    runtime = MigRuntime(manager=manager, health=plugin.MigHealth(), report=report)
+    runtime = MigRuntime(manager=manager, health=plugin.MigHealth(), report=report,
+                         cards=await asyncio.to_thread(manager.cards),
+                         layout_refused=None if not name else layout is None or bool(report.refused))
     if with_plugins:
         cfg = plugin.MigPluginConfig(mig_minors=settings.mig_minors, cdi=settings.cdi)
         profiles = sorted({s.profile for s in state.ledger.slots.values() if s.origin != "claim"})

@@ -61,6 +61,16 @@ async def test_agent_serves_a_mig_layout_and_survives_kill_9():
         await kubelet.wait_registered(MIG_1G, timeout=90)
         # the label won over the flag; the Hopper card with MIG off was switched on at once (no reset needed)
         await kubelet.wait_for(lambda: len(kubelet.devices(MIG_1G)) == 14, 60)
+        def labels() -> dict[str, str]:
+            return (api.store.get_node("mig-node") or {}).get("metadata", {}).get("labels") or {}
+
+        await kubelet.wait_for(lambda: "nvidia.com/mig.capable" in labels(), 30)
+        mine = {k: v for k, v in labels().items() if k.startswith("nvidia.com/mig")}
+        assert mine == {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.capable": "true",
+                        "nvidia.com/mig.strategy": "mixed", "nvidia.com/mig.config.state": "success",
+                        "nvidia.com/mig-1g.10gb.count": "14", "nvidia.com/mig-1g.10gb.memory": "9984",
+                        "nvidia.com/mig-1g.10gb.multiprocessors": "16", "nvidia.com/mig-1g.10gb.slices.gi": "1",
+                        "nvidia.com/mig-1g.10gb.slices.ci": "1"}  # GPU Feature Discovery's names
         limits = {MIG_1G: "1"}
         pod = api.store.create_pod({
             "metadata": {"name": "mig", "namespace": "default", "uid": str(uuid.uuid4())},
