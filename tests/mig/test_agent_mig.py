@@ -6,12 +6,15 @@ instances with the pod's holding kept."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -85,6 +88,14 @@ async def test_agent_serves_a_mig_layout_and_survives_kill_9():
         assert all(p.startswith("/dev/nvidia-caps/nvidia-cap") for p in paths[1:3])
         slot = next(s for s in CheckpointStore(workdir / "ckpt").load().snapshot.ledger.slots.values()
                     if s.uuid == mig_uuid)
+        url = re.search(rb"metrics on (http://\S+)/metric", (workdir / "agent.log").read_bytes())
+        assert url is not None
+        text = await asyncio.to_thread(lambda: urllib.request.urlopen(url.group(1).decode() + "/metric", timeout=30)
+                                       .read().decode())
+        assert 'gpumgr_mig_instances{gpu="gpu0",profile="1g.10gb",uuid="GPU-00000000-e2e"} 7.0' in text
+        held = [line for line in text.splitlines() if line.startswith("gpumgr_mig_instance{")
+                and f'mig_uuid="{mig_uuid}"' in line]
+        assert len(held) == 1 and 'holder=""' not in held[0] and 'origin="layout"' in held[0]
         node.xid(0, 48, (slot.gi or 0, slot.ci or 0))
         await kubelet.wait_for(lambda: kubelet.devices(MIG_1G)[mig_uuid] == "Unhealthy", 30)
         assert [h for d, h in kubelet.devices(MIG_1G).items() if d != mig_uuid] == ["Healthy"] * 13
