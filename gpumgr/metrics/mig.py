@@ -37,3 +37,13 @@ def mig_families(ledger: Ledger, inventory: Inventory) -> Iterator[Metric]:
         count.add_metric([f"gpu{card}", gpu.uuid if gpu else "", profile], n)
     yield inst
     yield count
+
+
+def mig_json(ledger: Ledger) -> list[dict[str, object]]:
+    """The instances for /usage (and `gpumgr status`): card, profile, placement, UUID, origin, holders."""
+    out: list[dict[str, object]] = []
+    for s in sorted(ledger.slots.values(), key=lambda s: (s.card, s.start)):
+        holders = sorted(ledger.slot_holders.get(s.name, {}))
+        out.append({"name": s.name, "card": s.card, "profile": s.profile, "start": s.start, "size": s.size,
+                    "memory_mib": s.memory_mib, "uuid": s.uuid, "origin": s.origin, "holders": holders})
+    return out

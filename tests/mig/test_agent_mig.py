@@ -96,6 +96,12 @@ async def test_agent_serves_a_mig_layout_and_survives_kill_9():
         held = [line for line in text.splitlines() if line.startswith("gpumgr_mig_instance{")
                 and f'mig_uuid="{mig_uuid}"' in line]
         assert len(held) == 1 and 'holder=""' not in held[0] and 'origin="layout"' in held[0]
+        status = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "gpumgr.cli", "status", "--addr",
+                                                          url.group(1).decode()], capture_output=True, timeout=60)
+        out = status.stdout.decode()
+        assert status.returncode == 0 and "MIG PROFILE" in out, status.stderr.decode()[-2000:]
+        line = next(x for x in out.splitlines() if mig_uuid in x)
+        assert line.split()[:3] == ["0", "1g.10gb", f"{slot.start}-{slot.start}"] and "layout" in line
         node.xid(0, 48, (slot.gi or 0, slot.ci or 0))
         await kubelet.wait_for(lambda: kubelet.devices(MIG_1G)[mig_uuid] == "Unhealthy", 30)
         assert [h for d, h in kubelet.devices(MIG_1G).items() if d != mig_uuid] == ["Healthy"] * 13
