@@ -74,6 +74,9 @@ async def test_agent_serves_a_mig_layout_and_survives_kill_9():
                         "nvidia.com/mig-1g.10gb.count": "14", "nvidia.com/mig-1g.10gb.memory": "9984",
                         "nvidia.com/mig-1g.10gb.multiprocessors": "16", "nvidia.com/mig-1g.10gb.slices.gi": "1",
                         "nvidia.com/mig-1g.10gb.slices.ci": "1"}  # GPU Feature Discovery's names
+        # both cards are in MIG mode: their vcuda units are not offered (a pod would be refused on them)
+        await kubelet.wait_for(lambda: len(kubelet.devices("tencent.com/vcuda-core")) == 200, 30)
+        assert set(kubelet.devices("tencent.com/vcuda-core").values()) == {"Unhealthy"}
         limits = {MIG_1G: "1"}
         pod = api.store.create_pod({
             "metadata": {"name": "mig", "namespace": "default", "uid": str(uuid.uuid4())},
