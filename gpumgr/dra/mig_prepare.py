@@ -55,22 +55,50 @@ class MigClaims:
         """The CDI names of the claim's MIG devices, or ClaimError (with nothing left behind)."""
         check_uid(uid)
         slots: list[MigSlot] = []
-        for n, r in enumerate(results):
-            where = parse_device_name(r.device)
-            if where is None:
-                raise ClaimError(f"claim {namespace}/{name}: {r.device!r:.80} is not a MIG device of this driver")
-            card, profile_id, start = where
-            key = f"{LEDGER_PREFIX}{uid}/{n}"
-            held = self.state.ledger.allocations.get(key)
-            if held is not None and held.mig == slot_name(card, start):
-                slots.append(self.state.ledger.slots[held.mig])  # a repeat: already made and held
-                continue
-            holder = ClaimHolder(uid=uid, namespace=namespace, name=name, pod=pod, pod_uid=pod_uid,
-                                 request=r.request, device=r.device)
-            slots.append(await self._make(key, holder, card, profile_id, start))
-        spec = self._spec(uid, slots)
+        made: list[tuple[str, MigSlot]] = []  # by this call: undone if a later device fails (all or nothing)
+        try:
+            for n, r in enumerate(results):
+                slot, fresh = await self._one(namespace, name, uid, pod, pod_uid, n, r)
+                slots.append(slot)
+                if fresh:
+                    made.append((f"{LEDGER_PREFIX}{uid}/{n}", slot))
+            spec = self._spec(uid, slots)
+        except ClaimError:
+            for key, slot in reversed(made):
+                await self._undo(key, slot)
+            raise
         await self.state.run_io(self.cdi.write, uid, spec)
         return [f"{CDI_KIND}={d['name']}" for d in spec["devices"]]
+
+    async def _one(self, namespace: str, name: str, uid: str, pod: str, pod_uid: str, n: int,
+                   r: MigResult) -> tuple[MigSlot, bool]:
+        """The slot of result `n`, and whether this call made it."""
+        where = parse_device_name(r.device)
+        if where is None:
+            raise ClaimError(f"claim {namespace}/{name}: {r.device!r:.80} is not a MIG device of this driver")
+        card, profile_id, start = where
+        key = f"{LEDGER_PREFIX}{uid}/{n}"
+        held = self.state.ledger.allocations.get(key)
+        if held is not None and held.mig == slot_name(card, start):
+            return self.state.ledger.slots[held.mig], False  # a repeat: already made and held
+        holder = ClaimHolder(uid=uid, namespace=namespace, name=name, pod=pod, pod_uid=pod_uid,
+                             request=r.request, device=r.device)
+        return await self._make(key, holder, card, profile_id, start), True
+
+    async def _undo(self, key: str, slot: MigSlot) -> None:
+        """Take back one instance this prepare made (destroy, then forget); a failure is logged and left to the
+        start-up pass (a claim slot nobody holds is destroyed there)."""
+        try:
+            if slot.gi is not None:
+                await asyncio.to_thread(self.manager.backend_destroy, slot.card, slot.gi)
+
+            def forget(led: Ledger) -> None:
+                led.release(key)
+                led.remove_slot(slot.name)
+
+            await self.state.commit(forget)
+        except (MigError, LedgerError, OSError) as e:
+            log.error("undoing MIG instance %s after a failed prepare: %s", slot.name, e)
 
     async def _make(self, key: str, holder: ClaimHolder, card: int, profile_id: int, start: int) -> MigSlot:
         label = f"claim {holder.namespace}/{holder.name}"

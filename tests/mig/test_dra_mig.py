@@ -149,3 +149,18 @@ async def test_kill_9_at_every_step_of_prepare_and_unprepare(hardware: Callable[
         finally:
             state.close()
     assert finished and finished > 8
+
+
+async def test_a_claim_whose_second_device_fails_leaves_nothing(hardware: Callable[[], Any],  # noqa: F811
+                                                                tmp_path: Path):
+    backend = hardware()
+    state, claims = await agent(tmp_path, backend, Steps(None))
+    try:
+        stray = backend.mig_create(1, 9, 4)  # made behind the agent's back, after its start-up pass
+        with pytest.raises(Exception, match="occupied"):
+            await claims.prepare("ns", "claim", UID, "pod", "pod-uid", RESULTS)  # card 1's 3g at 4 is taken
+        assert {(c, s) for c, s, _, _ in truth(backend)} == {(1, 4)} and stray.uuid in str(truth(backend))
+        assert state.ledger.slots == {} and state.ledger.allocations == {}  # the first device was taken back
+        assert not (tmp_path / "cdi" / f"gpumgr.io-vgpu_{UID}.json").exists()
+    finally:
+        state.close()
