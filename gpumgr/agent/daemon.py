@@ -264,12 +264,15 @@ class Agent:
         from gpumgr.mig import agent as mig_agent
 
         cfg = self.config
-        labels: dict[str, str] = {}
-        try:
-            node = await asyncio.wait_for(self.kube.get_node(cfg.node_name), mig_agent.LABEL_READ_S)
-            labels = dict(((node or {}).get("metadata") or {}).get("labels") or {})
-        except Exception as e:  # noqa: BLE001 - the configured layout is used instead
-            log.warning("reading node %s for its MIG layout label failed: %s", cfg.node_name, e)
+
+        async def labels() -> dict[str, str]:  # read only when a card is MIG-capable
+            try:
+                node = await asyncio.wait_for(self.kube.get_node(cfg.node_name), mig_agent.LABEL_READ_S)
+                return dict(((node or {}).get("metadata") or {}).get("labels") or {})
+            except Exception as e:  # noqa: BLE001 - the configured layout is used instead
+                log.warning("reading node %s for its MIG layout label failed: %s", cfg.node_name, e)
+                return {}
+
         settings = mig_agent.MigSettings(layout=cfg.mig_layout, layouts_file=cfg.mig_layouts_file,
                                          prefix=cfg.mig_prefix, mig_minors=cfg.mig_minors, cdi=cfg.cdi)
         self.mig = await mig_agent.start(state, self.backend, settings, labels, with_plugins=self.mode != "dra")

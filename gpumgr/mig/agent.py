@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,8 +82,8 @@ def load_layouts(path: str) -> dict[str, Any]:
     return doc
 
 
-async def start(state: NodeState, backend: Any, settings: MigSettings, node_labels: Mapping[str, str],
-                with_plugins: bool) -> MigRuntime | None:
+async def start(state: NodeState, backend: Any, settings: MigSettings,
+                node_labels: Callable[[], Awaitable[Mapping[str, str]]], with_plugins: bool) -> MigRuntime | None:
     """None when no card is MIG-capable (or the backend knows no MIG)."""
     if not hasattr(backend, "mig_cards"):
         return None
@@ -91,7 +91,7 @@ async def start(state: NodeState, backend: Any, settings: MigSettings, node_labe
     if not cards:
         return None
     layout = None
-    name = lay.chosen(node_labels, settings.layout or None)
+    name = lay.chosen(await node_labels(), settings.layout or None)
     if name:
         try:
             layout = lay.parse(name, load_layouts(settings.layouts_file))
