@@ -207,6 +207,7 @@ class Agent:
         assert self.state is not None
         st = self.state
         unhealthy = {i for i in st.health_reasons if not st.healthy(i)}
+        unhealthy |= {c.index for c in st.ledger.cards if c.mig}  # MIG mode: the extender places no vcuda pod there
         text = node_inventory.encode(st.inventory, unhealthy, st.memory_unit_mib)
         try:
             await self.kube.patch_node_metadata(self.config.node_name,

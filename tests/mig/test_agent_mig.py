@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 
 from gpumgr.devices.types import GPU, Inventory
+from gpumgr.node import inventory as node_inventory
 from gpumgr.node.checkpoint import CheckpointStore
+from gpumgr.requests.podspec import ANN_NODE_INVENTORY
 from gpumgr.sim.kubeapi import KubeApiServer
 from gpumgr.sim.kubelet import ContainerRequest, KubeletEmulator
 from gpumgr.sim.node import shim_source_for
@@ -77,6 +79,8 @@ async def test_agent_serves_a_mig_layout_and_survives_kill_9():
         # both cards are in MIG mode: their vcuda units are not offered (a pod would be refused on them)
         await kubelet.wait_for(lambda: len(kubelet.devices("tencent.com/vcuda-core")) == 200, 30)
         assert set(kubelet.devices("tencent.com/vcuda-core").values()) == {"Unhealthy"}
+        annotations = (api.store.get_node("mig-node") or {}).get("metadata", {}).get("annotations") or {}
+        assert node_inventory.decode(annotations[ANN_NODE_INVENTORY]).unhealthy == {0, 1}  # the extender's view
         limits = {MIG_1G: "1"}
         pod = api.store.create_pod({
             "metadata": {"name": "mig", "namespace": "default", "uid": str(uuid.uuid4())},
