@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from gpumgr.allocator import Allocation, Ledger
+from gpumgr.allocator import Allocation, Ledger, LedgerError
 from gpumgr.allocator.mig_slots import MigSlot
 from gpumgr.devices.types import Inventory
 from gpumgr.mig.caps import MIG_MINORS, CapsError, instance_nodes, read_minors
@@ -123,7 +123,11 @@ class MigPluginServicer(pb_grpc.DevicePluginServicer):
         except CapsError as e:
             log.error("%s: Allocate refused: %s", self.resource, e)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{self.resource}: {e}")
-        await self.state.commit(_hold([s for slots in wanted for s in slots]))
+        try:
+            await self.state.commit(_hold([s for slots in wanted for s in slots]))
+        except (LedgerError, OSError) as e:  # the instance went meanwhile, or the checkpoint could not be written
+            log.error("%s: Allocate refused: %s", self.resource, e)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{self.resource}: {e}")
         out.container_responses.extend(responses)
         log.info("%s: allocated %s", self.resource, [s.uuid for slots in wanted for s in slots])
         return out
