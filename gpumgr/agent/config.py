@@ -30,6 +30,10 @@ class AgentConfig:
     temp_healthy_c: int = 90
     label_prefix: str = "gpumgr.io/"
     cdi: bool = False
+    mig_layout: str = ""  # a MIG layout name (gpumgr/mig/layout.py); the node label nvidia.com/mig.config wins
+    mig_layouts_file: str = ""  # JSON of configured layouts
+    mig_prefix: str = "nvidia.com/mig-"  # resource name prefix of the MIG device plugins
+    mig_minors: Path = Path("/proc/driver/nvidia-caps/mig-minors")
     extra: dict[str, str] = field(default_factory=dict)
 
     @property

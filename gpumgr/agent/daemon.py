@@ -30,7 +30,7 @@ from gpumgr.metrics import AgentMetrics, MetricsServer, UsageReader, build_app, 
 from gpumgr.node import inventory as node_inventory
 from gpumgr.node.cgroups import CgroupReader
 from gpumgr.node.checkpoint import CheckpointStore
-from gpumgr.node.labels import labels_patch, node_labels
+from gpumgr.node.labels import GAIA_MODEL_LABEL, labels_patch, node_labels
 from gpumgr.node.state import NodeState, load_checkpoint
 from gpumgr.requests import podspec
 from gpumgr.requests.choices import CordonWatch
@@ -40,6 +40,7 @@ from gpumgr.vdevice.server import VDeviceManager
 
 if TYPE_CHECKING:
     from gpumgr.dra.frontend import DraFrontEnd
+    from gpumgr.mig.agent import MigRuntime
 
 log = logging.getLogger("gpumgr.agent")
 
@@ -71,6 +72,7 @@ class Agent:
         self.dra: DraFrontEnd | None = None
         self.cordon: CordonWatch | None = None
         self._handing_out: asyncio.Event | None = None  # set once the ledger may be handed out (device plugins)
+        self.mig: MigRuntime | None = None  # MIG-capable cards: the manager, layout report, per-profile plugins
 
     @property
     def ready(self) -> bool:
@@ -88,6 +90,7 @@ class Agent:
         state = NodeState(cfg.node_name, inv, store, cfg.memory_unit_mib)
         load_checkpoint(state)
         self.state = state
+        await self._start_mig(state)
 
         self.pods = PodCache(self.kube, cfg.node_name)
         def poke() -> None:
@@ -124,6 +127,9 @@ class Agent:
             HealthConfig(ignored_xids=frozenset(cfg.health_ignore_xids), temp_unhealthy_c=cfg.temp_unhealthy_c,
                          temp_healthy_c=cfg.temp_healthy_c),
             on_transition=self._on_health, on_xid=self._on_xid)
+        if self.mig is not None:
+            mig = self.mig
+            self.health.on_instance_event = lambda event: mig.on_instance_event(state, event)
         await self.health.start()  # health is known before the plugins first list their devices
 
         # the plugins register now; their Allocate-side calls wait until the pods are listed and the start-up
@@ -135,6 +141,7 @@ class Agent:
                            PluginServicer(self.service, "c", podspec.RESOURCE_CORE, ready=handing_out)),
                 PluginSpec(podspec.RESOURCE_MEMORY, "vmemory.sock",
                            PluginServicer(self.service, "m", podspec.RESOURCE_MEMORY, ready=handing_out)),
+                *(self.mig.plugins if self.mig is not None else []),
             ], on_register=self._on_register)
             await self.supervisor.start()
         self._handing_out = handing_out
@@ -200,6 +207,7 @@ class Agent:
         assert self.state is not None
         st = self.state
         unhealthy = {i for i in st.health_reasons if not st.healthy(i)}
+        unhealthy |= {c.index for c in st.ledger.cards if c.mig}  # MIG mode: the extender places no vcuda pod there
         text = node_inventory.encode(st.inventory, unhealthy, st.memory_unit_mib)
         try:
             await self.kube.patch_node_metadata(self.config.node_name,
@@ -216,7 +224,14 @@ class Agent:
         try:
             node = await self.kube.get_node(cfg.node_name)
             current = ((node or {}).get("metadata") or {}).get("labels") or {}
-            patch = labels_patch(current, node_labels(self.state.inventory, cfg.label_prefix), cfg.label_prefix)
+            wanted = node_labels(self.state.inventory, cfg.label_prefix)
+            also: set[str] = {GAIA_MODEL_LABEL}
+            if self.mig is not None:  # GPU Feature Discovery's MIG labels (gpumgr/mig/labels.py)
+                from gpumgr.mig.labels import mig_labels, owned
+
+                wanted.update(mig_labels(self.mig.cards, self.state.ledger, self.mig.layout_refused))
+                also |= owned(current, wanted)
+            patch = labels_patch(current, wanted, cfg.label_prefix, also)
             if patch:
                 await self.kube.patch_node_metadata(cfg.node_name, labels=patch)
                 log.info("node %s labels updated: %s", cfg.node_name, patch)
@@ -244,6 +259,24 @@ class Agent:
         while True:
             await asyncio.sleep(CORDON_REFRESH_S)
             await self.refresh_cordon()
+
+    async def _start_mig(self, state: NodeState) -> None:
+        """MIG before any front end serves: reconcile with NVML, apply the layout, the per-profile plugins."""
+        from gpumgr.mig import agent as mig_agent
+
+        cfg = self.config
+
+        async def labels() -> dict[str, str]:  # read only when a card is MIG-capable
+            try:
+                node = await asyncio.wait_for(self.kube.get_node(cfg.node_name), mig_agent.LABEL_READ_S)
+                return dict(((node or {}).get("metadata") or {}).get("labels") or {})
+            except Exception as e:  # noqa: BLE001 - the configured layout is used instead
+                log.warning("reading node %s for its MIG layout label failed: %s", cfg.node_name, e)
+                return {}
+
+        settings = mig_agent.MigSettings(layout=cfg.mig_layout, layouts_file=cfg.mig_layouts_file,
+                                         prefix=cfg.mig_prefix, mig_minors=cfg.mig_minors, cdi=cfg.cdi)
+        self.mig = await mig_agent.start(state, self.backend, settings, labels, with_plugins=self.mode != "dra")
 
     def _on_register(self, resource: str, again: bool) -> None:
         if again and self.metrics is not None:

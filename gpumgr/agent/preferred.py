@@ -18,7 +18,9 @@ class Preferring(Settling):
         table = self._core_ids if kind == "c" else self._mem_ids
         out = []
         for g in self.state.inventory.gpus:
-            health = "Healthy" if self.state.healthy(g.index) else "Unhealthy"
+            # a card in MIG mode serves only its instances (gpumgr/deviceplugin/mig.py): its units are not offered
+            usable = self.state.healthy(g.index) and not self.state.ledger.card(g.index).mig
+            health = "Healthy" if usable else "Unhealthy"
             topo = pb.TopologyInfo(nodes=[pb.NUMANode(ID=g.numa_node)]) if g.numa_node is not None else None
             for d in table[g.index]:
                 out.append(pb.Device(ID=d, health=health, topology=topo))

@@ -66,7 +66,7 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
     release: list[str] = []
     missing: list[tuple[str, str]] = []  # (key, owner uid) of allocations whose pod the cache no longer has
     for a in seen.values():
-        if is_claim(a):  # a DRA claim's: its own front end answers for it
+        if is_claim(a) or a.mig is not None:  # a DRA claim's, or a MIG instance's: their front ends answer
             continue
         if any(h in live for h, _ in holders.get(a.key, ())):
             continue  # the kubelet records it for a live pod (a static pod by its config.mirror UID): never freed

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from gpumgr.allocator.mig_slots import MigSlot, SlotError, parse_slot_name
 from gpumgr.allocator.request import HUNDRED
 
 _T = TypeVar("_T")
@@ -24,6 +25,8 @@ class Ledger:
     def __init__(self, card_memory_mib: Iterable[int]):
         self.cards: list[CardState] = [CardState(index=i, memory_mib=m) for i, m in enumerate(card_memory_mib)]
         self.allocations: dict[str, Allocation] = {}
+        self.slots: dict[str, MigSlot] = {}  # MIG instances by slot name (see mig_slots.py)
+        self.slot_holders: dict[str, dict[str, Holding]] = {}  # slot name -> allocation key -> what it takes
 
     # -- queries --------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -51,6 +54,8 @@ class Ledger:
         if not alloc.reserve:  # rides on another allocation's reservation: takes nothing itself
             bad = [i for i in alloc.cards if not 0 <= i < len(self.cards)]
             return f"no card {bad[0]} (node has {len(self.cards)})" if bad else None
+        if alloc.mig is not None:
+            return self._slot_problem(alloc, check_health)
         whole = alloc.cores >= HUNDRED
         if whole and len(alloc.cards) != alloc.cores // HUNDRED:
             return f"{alloc.cores} cores need {alloc.cores // HUNDRED} cards, got {len(alloc.cards)}"
@@ -62,6 +67,8 @@ class Ledger:
             c = self.cards[i]
             if check_health and not c.healthy:
                 return f"card {i} is unhealthy"
+            if c.mig:
+                return f"card {i} is in MIG mode: only its MIG instances can be asked for"
             if whole and c.mode != "free":
                 return f"card {i} is {c.mode}, a whole-card request needs a free card"
             if not whole:
@@ -83,8 +90,12 @@ class Ledger:
         reason = self.problem(alloc, check_health)
         if reason:
             raise LedgerError(f"cannot assign {alloc.key}: {reason}")
-        for i in alloc.cards:
-            self.cards[i].holders[alloc.key] = alloc.holding_on(self.cards[i])
+        if alloc.mig is not None:
+            slot = self.slots[alloc.mig]
+            self.slot_holders[slot.name][alloc.key] = alloc.holding_in(slot)
+        else:
+            for i in alloc.cards:
+                self.cards[i].holders[alloc.key] = alloc.holding_on(self.cards[i])
         self.allocations[alloc.key] = alloc
 
     def release(self, key: str) -> Allocation | None:
@@ -94,7 +105,73 @@ class Ledger:
             return None
         for i in alloc.cards:
             self.cards[i].holders.pop(key, None)
+        if alloc.mig is not None:
+            self.slot_holders.get(alloc.mig, {}).pop(key, None)
         return alloc
+
+    # -- MIG slots ------------------------------------------------------------------------------------------
+    def _slot_problem(self, alloc: Allocation, check_health: bool) -> str | None:
+        slot = self.slots.get(alloc.mig or "")
+        if slot is None:
+            return f"no MIG instance {alloc.mig} on this node"
+        if alloc.cards != (slot.card,):
+            return f"MIG instance {slot.name} is on card {slot.card}, not {list(alloc.cards)}"
+        if not slot.ready:
+            return f"MIG instance {slot.name} is not made yet"
+        if check_health and not self.cards[slot.card].healthy:
+            return f"card {slot.card} is unhealthy"
+        held = self.slot_holders[slot.name].values()
+        if any(h.cores >= HUNDRED for h in held):
+            return f"MIG instance {slot.name} is held whole"
+        if alloc.cores >= HUNDRED:
+            return f"MIG instance {slot.name} is shared, a whole-instance request needs it free" if held else None
+        free_cores = HUNDRED - sum(h.cores for h in held)
+        free_mib = slot.memory_mib - sum(h.memory_mib for h in held)
+        if free_cores < alloc.cores:
+            return f"MIG instance {slot.name} has {free_cores} free cores, {alloc.cores} asked"
+        if free_mib < alloc.memory_mib:
+            return f"MIG instance {slot.name} has {free_mib} MiB free, {alloc.memory_mib} MiB asked"
+        return None
+
+    def add_slot(self, slot: MigSlot) -> None:
+        """Record a MIG instance (or one about to be made), or raise LedgerError and change nothing: the card
+        must hold nothing outside MIG, and no other slot may overlap its placement."""
+        c = self.card(slot.card)
+        if slot.name in self.slots:
+            raise LedgerError(f"MIG instance {slot.name} is already recorded")
+        if c.holders:
+            raise LedgerError(f"card {slot.card} is held outside MIG ({len(c.holders)} holders): no MIG instance "
+                              "until they are gone")
+        other = next((o for o in self.slots.values() if o.overlaps(slot)), None)
+        if other is not None:
+            raise LedgerError(f"MIG instance {slot.name} would overlap {other.name} on card {slot.card}")
+        self.slots[slot.name] = slot
+        self.slot_holders[slot.name] = {}
+        c.slots.add(slot.name)
+
+    def update_slot(self, slot: MigSlot) -> None:
+        """Replace a recorded slot by the same placement with what NVML made (GI, CI, UUID)."""
+        old = self.slots.get(slot.name)
+        if old is None or (old.card, old.start, old.size, old.profile_id) != \
+                (slot.card, slot.start, slot.size, slot.profile_id):
+            raise LedgerError(f"MIG instance {slot.name} is not recorded with that profile and placement")
+        self.slots[slot.name] = slot
+
+    def remove_slot(self, name: str) -> MigSlot | None:
+        """Forget a MIG instance; refused (LedgerError) while an allocation lives in it."""
+        slot = self.slots.get(name)
+        if slot is None:
+            return None
+        if self.slot_holders.get(name):
+            raise LedgerError(f"MIG instance {name} is held by {sorted(self.slot_holders[name])[0]}")
+        del self.slots[name]
+        self.slot_holders.pop(name, None)
+        self.cards[slot.card].slots.discard(name)
+        return slot
+
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        """What NVML says of the card's MIG mode (learnt at every start, not checkpointed)."""
+        self.card(index).mig_mode = enabled
 
     def set_healthy(self, index: int, healthy: bool) -> bool:
         """Mark a card; returns True when that changed anything."""
@@ -108,15 +185,22 @@ class Ledger:
         for c, o in zip(self.cards, other.cards, strict=True):
             o.healthy = c.healthy
             o.holders = dict(c.holders)
+            o.mig_mode = c.mig_mode
+            o.slots = set(c.slots)
         other.allocations = dict(self.allocations)
+        other.slots = dict(self.slots)
+        other.slot_holders = {k: dict(v) for k, v in self.slot_holders.items()}
         return other
 
     # -- persistence ----------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "cards": [{"index": c.index, "memory_mib": c.memory_mib} for c in self.cards],
             "allocations": [a.to_json() for a in sorted(self.allocations.values(), key=lambda a: a.key)],
         }
+        if self.slots:  # absent without MIG: such a ledger reads back in a gpumgr that knows no MIG
+            doc["mig"] = [s.to_json() for s in sorted(self.slots.values(), key=lambda s: (s.card, s.start))]
+        return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], legacy: bool | None = None) -> Ledger:
@@ -133,11 +217,18 @@ class Ledger:
             if [int(c["index"]) for c in cards] != list(range(len(cards))):
                 raise LedgerError("card indices are not 0..N-1")
             ledger = cls(int(c["memory_mib"]) for c in cards)
+            slots = doc.get("mig", [])
+            if not isinstance(slots, list) or len(slots) > _MAX_SLOTS:
+                raise LedgerError(f"mig must be a list of at most {_MAX_SLOTS} MIG instances")
+            for s in slots:
+                ledger.add_slot(MigSlot.from_json(s))
             for a in doc["allocations"]:
                 ledger.assign(Allocation.from_json(a, legacy), check_health=False)
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, LedgerError):
                 raise
+            if isinstance(e, SlotError):
+                raise LedgerError(str(e)) from None
             raise LedgerError(f"malformed ledger: {e!r}") from None
         for a in ledger.allocations.values():
             base = ledger.allocations.get(a.rides_on) if a.rides_on is not None else None
@@ -160,6 +251,13 @@ class CardState:
     memory_mib: int
     healthy: bool = True
     holders: dict[str, Holding] = field(default_factory=dict)
+    mig_mode: bool = False  # NVML says MIG is on (learnt at start)
+    slots: set[str] = field(default_factory=set)  # MIG instances the ledger holds on this card
+
+    @property
+    def mig(self) -> bool:
+        """In MIG mode, or holding MIG instances: nothing but its instances can be asked for."""
+        return self.mig_mode or bool(self.slots)
 
     @property
     def used_cores(self) -> int:
@@ -167,14 +265,18 @@ class CardState:
 
     @property
     def free_cores(self) -> int:
-        return max(0, HUNDRED - self.used_cores)
+        return 0 if self.mig else max(0, HUNDRED - self.used_cores)
 
     @property
     def free_memory_mib(self) -> int:
+        if self.mig:
+            return 0
         return max(0, self.memory_mib - sum(h.memory_mib for h in self.holders.values()))
 
     @property
     def mode(self) -> str:
+        if self.mig:
+            return "mig"
         reserving = [h for h in self.holders.values() if h.cores or h.memory_mib]
         if not reserving:  # nobody, or only containers riding on a reservation elsewhere
             return "free"
@@ -248,6 +350,7 @@ class Allocation:
     created: int | None = None  # Unix seconds: the grace of an allocation the kubelet has not recorded yet
     answered_memory_mib: int | None = None  # the memory Allocate's answer named (only when certain)
     guess_of: int | None = None  # unverified, guessed among this many pending pods (None: one, or verified)
+    mig: str | None = None  # the MIG instance (slot name) this lives in: whole (cores 100) or a share of it
 
     def __post_init__(self) -> None:
         # bounds here, not only in the reader: `commit` then refuses what the next start could not read back
@@ -279,10 +382,19 @@ class Allocation:
                                   "is false")
         elif not self.reserve:
             raise LedgerError(f"{_clip(self.key)}: reserve false needs rides_on (the reservation it uses)")
+        if self.mig is not None and (parse_slot_name(self.mig) is None or len(self.cards) != 1
+                                     or self.cores > HUNDRED):
+            raise LedgerError(f"{_clip(self.key)}: mig names one MIG instance (mig-<card>-<start>) on its one card, "
+                              "with at most 100 cores")
 
     @property
     def is_claim(self) -> bool:
         return isinstance(self.holder, ClaimHolder)
+
+    def holding_in(self, slot: MigSlot) -> Holding:
+        if self.cores >= HUNDRED:
+            return Holding(cores=HUNDRED, memory_mib=slot.memory_mib)
+        return Holding(cores=self.cores, memory_mib=self.memory_mib)
 
     def holding_on(self, card: CardState) -> Holding:
         if not self.reserve:
@@ -328,7 +440,7 @@ class Allocation:
             doc["holder"] = _holder_json(self.holder)
         if not self.reserve:
             doc["reserve"] = False
-        for name in ("rides_on", "created", "answered_memory_mib", "guess_of"):
+        for name in ("rides_on", "created", "answered_memory_mib", "guess_of", "mig"):
             value = getattr(self, name)
             if value is not None:
                 doc[name] = value
@@ -366,16 +478,18 @@ class Allocation:
                       verified=_flag(doc, "verified", where, False), reserve=reserve, rides_on=rides_on,
                       ids=_ids(doc.get("ids", []), where), created=_maybe_whole(doc, "created", where),
                       answered_memory_mib=_maybe_whole(doc, "answered_memory_mib", where),
-                      guess_of=_maybe_whole(doc, "guess_of", where))
+                      guess_of=_maybe_whole(doc, "guess_of", where),
+                      mig=_text(doc, "mig", where) if doc.get("mig") is not None else None)
         return _build(where, lambda: cls(**base, **fields))  # type: ignore[arg-type]
 
 
 # -- the allocation's JSON ----------------------------------------------------------------------------------------
 CLAIM_PREFIX = "dra/"  # ledger keys of DRA claims: dra/<claim uid>/<result index>
 _FIELDS = frozenset({"key", "cards", "cores", "memory_mib", "verified", "holder", "reserve", "rides_on", "ids",
-                     "created", "answered_memory_mib", "guess_of"})
+                     "created", "answered_memory_mib", "guess_of", "mig"})
 _V1_FIELDS = frozenset({"key", "cards", "cores", "memory_mib", "meta", "reserve"})
-_LEDGER_FIELDS = frozenset({"cards", "allocations"})
+_LEDGER_FIELDS = frozenset({"cards", "allocations", "mig"})
+_MAX_SLOTS = 1024 * 8
 _CARD_FIELDS = frozenset({"index", "memory_mib"})
 _CONTAINER_FIELDS = ("pod_uid", "namespace", "pod", "container", "container_index", "init", "memory_units")
 _CLAIM_FIELDS = ("uid", "namespace", "name", "pod", "pod_uid", "request", "device", "share_id")

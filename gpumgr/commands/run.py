@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -64,6 +65,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     opt("--dra-plugin-dir", "", "directory of the DRA socket dra.sock (default /var/lib/kubelet/plugins/<driver>)")
     opt("--plugins-registry-dir", "/var/lib/kubelet/plugins_registry", "kubelet plugin registration directory "
         "(the DRA registration socket <driver>-reg.sock)")
+    opt("--mig-layout", "", "MIG layout for the device plugins: all-<profile> (e.g. all-1g.10gb), all-balanced, "
+        "all-disabled or a name from --mig-layouts-file; the node label nvidia.com/mig.config wins; empty: leave "
+        "the cards' instances as they are")
+    opt("--mig-layouts-file", "", "JSON file of named MIG layouts: {name: {\"all\" | \"<card>\": [profile, ...]}}")
+    opt("--mig-resource-prefix", "nvidia.com/mig-", "resource name prefix of the MIG device plugins")
+    opt("--mig-minors", "/proc/driver/nvidia-caps/mig-minors", "the driver's MIG capability minors file")
     p.add_argument("--cdi", action="store_true",
                    default=str(env_default("--cdi", "")).strip().lower() in ("1", "true", "yes", "on"),
                    help="also answer Allocate with CDI device names (env GPUMGR_CDI)")
@@ -102,6 +109,20 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
     if not host or ascii_uint(port, 5) is None:
         raise InputError(f"--metrics-addr must be HOST:PORT, got {args.metrics_addr!r}")
     dra = dra_settings(args)
+    mig_layout, mig_layouts_file = str(getattr(args, "mig_layout", "")), str(getattr(args, "mig_layouts_file", ""))
+    prefix = str(getattr(args, "mig_resource_prefix", "nvidia.com/mig-"))
+    if mig_layout or mig_layouts_file:
+        from gpumgr.mig.agent import load_layouts
+        from gpumgr.mig.layout import LayoutError, parse
+
+        try:
+            layouts = load_layouts(mig_layouts_file)
+            if mig_layout:
+                parse(mig_layout, layouts)
+        except (LayoutError, ValueError) as e:
+            raise InputError(str(e)) from None
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,200}[a-z0-9])?/[A-Za-z0-9][-A-Za-z0-9_.]{0,30}", prefix + "x"):
+        raise InputError(f"--mig-resource-prefix must be a resource name prefix like nvidia.com/mig-, got {prefix!r}")
     return AgentConfig(
         node_name=args.node_name, kubeconfig=args.kubeconfig, device_plugin_dir=Path(args.device_plugin_dir),
         vdevice_root=Path(args.vdevice_root), checkpoint_dir=Path(args.checkpoint_dir),
@@ -110,7 +131,9 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
         dev_root=Path(args.dev_root), proc_root=Path(args.proc_root), cgroup_root=Path(args.cgroup_root),
         metrics_addr=args.metrics_addr, check_period_s=check_period, grace_s=grace,
         health_ignore_xids=xids, temp_unhealthy_c=temp_unhealthy, temp_healthy_c=temp_healthy,
-        label_prefix=args.label_prefix, cdi=bool(args.cdi), extra=dra,
+        label_prefix=args.label_prefix, cdi=bool(args.cdi), extra=dra, mig_layout=mig_layout,
+        mig_layouts_file=mig_layouts_file, mig_prefix=prefix,
+        mig_minors=Path(str(getattr(args, "mig_minors", "/proc/driver/nvidia-caps/mig-minors"))),
     )
 
 

@@ -89,9 +89,22 @@ def render_status(usage: dict[str, Any], graph: dict[str, Any]) -> str:
             "",
             tree_table(graph["tree"]),
         ]
+        if usage.get("mig"):
+            parts += ["", mig_table(usage["mig"])]
     except (KeyError, TypeError, IndexError, ValueError) as e:
         raise AgentUnreachable(f"the agent's answer lacks {e} (agent and CLI versions differ?)") from None
     return "\n".join(parts)
+
+
+def mig_table(instances: list[dict[str, Any]]) -> str:
+    from gpumgr.topology.render import table
+
+    rows: list[tuple[str, ...]] = [("GPU", "MIG PROFILE", "SLICES", "MEMORY", "MIG UUID", "ORIGIN", "HOLDERS")]
+    for i in instances:
+        start, size = int(i["start"]), int(i["size"])
+        rows.append((str(i["card"]), str(i["profile"]), f"{start}-{start + size - 1}", f"{i['memory_mib']} MiB",
+                     str(i["uuid"]) or "(being created)", str(i["origin"]), ",".join(i.get("holders") or []) or "-"))
+    return table(rows)
 
 
 def cards_table(cards: list[dict[str, Any]]) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import grpc
 
+from gpumgr.deviceplugin.mig import MigPluginServicer
 from gpumgr.deviceplugin.servicer import PluginServicer
 from gpumgr.pb import deviceplugin_pb2 as pb
 from gpumgr.pb import deviceplugin_pb2_grpc as pb_grpc
@@ -151,4 +152,4 @@ class PluginSupervisor:
 class PluginSpec:
     resource: str
     socket: str
-    servicer: PluginServicer
+    servicer: PluginServicer | MigPluginServicer

@@ -1,6 +1,8 @@
 """Device discovery: what GPUs a node has and how they are wired.
 
-Two backends behind `Backend`: `NvmlBackend` (real, nvidia-ml-py) and `SimulatedBackend` (a node spec).
+Two backends behind `Backend`: `NvmlBackend` (real, nvidia-ml-py) and `SimulatedBackend` (a node spec). Both also
+offer `MigBackend` (MIG cards, instances, create/destroy): `mig_nvml.py` through nvidia-ml-py, `mig_sim.py` in memory.
+`fake_nvml_node.py` writes the node file of the fake libnvidia-ml.so.1 the tests and the demo run on.
 """
 
 from gpumgr.devices.backend import Backend

@@ -63,6 +63,11 @@ class FakeNvmlNode:
     init_error: int = 0
     no_ecc: tuple[int, ...] = ()  # cards with ECC off: no ECC counters, registering for ECC events refused
     bus_ids: list[str] = field(default_factory=list)
+    # MIG: card index -> family (a100-40, a100-80, h100-80, h200, a30); cards in `mig_on` start in MIG mode.
+    # The instances live in `mig_state` (the "hardware", shared by every process and surviving agent restarts).
+    mig: dict[int, str] = field(default_factory=dict)
+    mig_on: tuple[int, ...] = ()
+    mig_privileged: bool = True
 
     @property
     def spec(self) -> Path:
@@ -71,6 +76,15 @@ class FakeNvmlNode:
     @property
     def control(self) -> Path:
         return self.workdir / "fake-nvml-control.txt"
+
+    @property
+    def mig_state(self) -> Path:
+        return self.workdir / "fake-nvml-mig-state.txt"
+
+    @property
+    def mig_minors(self) -> Path:
+        """The node's /proc/driver/nvidia-caps/mig-minors."""
+        return self.workdir / "mig-minors"
 
     def env(self) -> dict[str, str]:
         return {ENV: str(self.spec)}
@@ -94,6 +108,12 @@ class FakeNvmlNode:
                 lines.append(f"memaff {i} {g.numa_node}")
             if i in self.no_ecc:
                 lines.append(f"noecc {i}")
+        for i, family in sorted(self.mig.items()):
+            lines.append(f"mig {i} {family} {1 if i in self.mig_on else 0}")
+        if self.mig:
+            lines.append(f"migstate {self.mig_state}")
+            if not self.mig_privileged:
+                lines.append("migpriv 0")
         used = [0] * n
         links: list[str] = []
 
@@ -125,6 +145,9 @@ class FakeNvmlNode:
                 lines.append(f"anc {a} {b} {_ANCESTOR.get(level, 40)}")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.control.write_text("")
+        if self.mig:
+            self.mig_state.unlink(missing_ok=True)
+            self.mig_minors.write_text(mig_minors_text([g.minor for g in inv.gpus]))
         self.spec.write_text("\n".join(lines) + "\n")
         return self
 
@@ -143,8 +166,9 @@ class FakeNvmlNode:
             f.flush()
             os.fsync(f.fileno())
 
-    def xid(self, gpu: int, code: int) -> None:
-        self.send(f"xid {gpu} {code}")
+    def xid(self, gpu: int, code: int, instance: tuple[int, int] | None = None) -> None:
+        """An XID on the card, or on one MIG instance (GI, CI)."""
+        self.send(f"xid {gpu} {code}" + (f" {instance[0]} {instance[1]}" if instance else ""))
 
     def double_bit_ecc(self, gpu: int) -> None:
         self.send(f"dbe {gpu}")
@@ -163,3 +187,29 @@ class FakeNvmlNode:
 
     def process(self, gpu: int, pid: int, used_bytes: int, sm: int) -> None:
         self.send(f"proc {gpu} {pid} {used_bytes} {sm}")
+
+    def reset(self, gpu: int) -> None:
+        """A GPU reset: a pending MIG mode becomes current (Ampere needs one; nothing may run on the card)."""
+        self.send(f"reset {gpu}")
+
+    def instance_process(self, gpu: int, gi: int, ci: int, pid: int, running: bool = True) -> None:
+        """A process starts (or ends) on a compute instance: destroying a busy one fails with IN_USE."""
+        self.send(f"{'ciproc' if running else 'nociproc'} {gpu} {gi} {ci} {pid}")
+
+
+MAX_GI_IDS = 15  # GPU-instance ids 0..14
+MAX_CI_IDS = 8  # compute-instance ids 0..7
+
+
+def mig_minors_text(gpu_minors: list[int]) -> str:
+    """/proc/driver/nvidia-caps/mig-minors as the kernel module lists it: `config M`, `monitor M`, then
+    `gpu<minor>/gi<G>/access M` and `gpu<minor>/gi<G>/ci<C>/access M` for every possible instance."""
+    lines, m = ["config 1", "monitor 2"], 3
+    for minor in gpu_minors:
+        for gi in range(MAX_GI_IDS):
+            lines.append(f"gpu{minor}/gi{gi}/access {m}")
+            m += 1
+            for ci in range(MAX_CI_IDS):
+                lines.append(f"gpu{minor}/gi{gi}/ci{ci}/access {m}")
+                m += 1
+    return "\n".join(lines) + "\n"

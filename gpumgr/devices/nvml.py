@@ -29,7 +29,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from gpumgr.devices import mig_nvml
 from gpumgr.devices.types import GPU, DiscoveryError, GPUStatus, HealthEvent, Inventory, ProcessUsage
+from gpumgr.mig.profiles import family_of
+from gpumgr.mig.types import MigCard, MigError, MigInstance
 from gpumgr.requests.podspec import ascii_uint
 
 log = logging.getLogger("gpumgr.devices.nvml")
@@ -41,6 +44,7 @@ _PROCESS_CALLS = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetCompu
                   "nvmlDeviceGetComputeRunningProcesses")
 _WAIT_CALLS = ("nvmlEventSetWait_v2", "nvmlEventSetWait")
 _MAX_PROCESSES = 4096  # bound on one card's process list
+_NO_INSTANCE = 0xFFFFFFFF  # an event's gpuInstanceId when it concerns the whole card
 _VALUE_NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE in an unsigned long long field
 
 
@@ -81,7 +85,7 @@ class NvmlBackend:
         try:
             mem = nv.nvmlDeviceGetMemoryInfo(h)
             temp = nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)
-            util = nv.nvmlDeviceGetUtilizationRates(h).gpu
+            util = self._utilization(h)
         except nv.NVMLError_GpuIsLost:
             self._lost.add(index)
             return GPUStatus(index=index, lost=True)
@@ -129,8 +133,10 @@ class NvmlBackend:
         if data is None:  # this driver has no event wait at all
             return []
         index = self._index_of(data.device)
+        gi = int(getattr(data, "gpuInstanceId", _NO_INSTANCE))
+        instance = None if gi == _NO_INSTANCE else gi  # a MIG instance's event: that instance only
         if data.eventType & nv.nvmlEventTypeXidCriticalError:
-            return [HealthEvent(index=index, kind="xid", code=int(data.eventData))]
+            return [HealthEvent(index=index, kind="xid", code=int(data.eventData), gi=instance)]
         if data.eventType & nv.nvmlEventTypeDoubleBitEccError:
             return [HealthEvent(index=index, kind="ecc", code=1, detail="double-bit ECC error event")]
         return []
@@ -141,6 +147,35 @@ class NvmlBackend:
                 self._nv.nvmlEventSetFree(self._events)
         with contextlib.suppress(Exception):
             self._nv.nvmlShutdown()
+
+    # -- MIG (see mig_nvml) ---------------------------------------------------------------------------------
+    def mig_cards(self) -> tuple[MigCard, ...]:
+        """Every MIG-capable card: mode, profiles with their placements, and the instances that exist now."""
+        inv = self.inventory()
+        out = []
+        for g in inv.gpus:
+            fam = family_of(g.name, g.memory_mib)
+            try:
+                card = mig_nvml.read_card(self._nv, g.index, self._handles[g.index],
+                                          hopper=fam.hopper if fam else None)
+            except self._nv.NVMLError as e:
+                raise MigError(f"card {g.index}: cannot read MIG state: {e}") from None
+            if card is not None:
+                out.append(card)
+        return tuple(out)
+
+    def mig_create(self, index: int, profile_id: int, start: int) -> MigInstance:
+        card = next((c for c in self.mig_cards() if c.index == index), None)
+        profile = card.profile(profile_id) if card else None
+        if card is None or profile is None:
+            raise MigError(f"card {index} has no MIG profile {profile_id}")
+        return mig_nvml.create(self._nv, index, self._handle(index), profile, start)
+
+    def mig_destroy(self, index: int, gi: int) -> bool:
+        return mig_nvml.destroy(self._nv, index, self._handle(index), gi)
+
+    def mig_set_mode(self, index: int, enabled: bool) -> str:
+        return mig_nvml.set_mode(self._nv, index, self._handle(index), enabled)
 
     # -- discovery ------------------------------------------------------------------------------------------
     def _discover(self) -> Inventory:
@@ -252,6 +287,14 @@ class NvmlBackend:
         return nodes[0] if len(nodes) == 1 else None
 
     # -- status helpers -------------------------------------------------------------------------------------
+    def _utilization(self, handle: Any) -> int:
+        """The card's utilisation; 0 where NVML has none (a MIG-enabled card: NOT_SUPPORTED, see docs/mig.md)."""
+        nv = self._nv
+        try:
+            return int(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except nv.NVMLError_NotSupported:
+            return 0
+
     def _processes(self, handle: Any) -> list[ProcessUsage]:
         """The card's compute processes, through the newest entry point this driver has."""
         nv = self._nv

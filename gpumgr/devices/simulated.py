@@ -5,13 +5,16 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from gpumgr.devices.mig_sim import SimulatedMig
 from gpumgr.devices.spec import load_node_spec
 from gpumgr.devices.types import GPUStatus, HealthEvent, Inventory, ProcessUsage
+from gpumgr.mig.types import MigCard, MigInstance
 
 
 class SimulatedBackend:
-    def __init__(self, inventory: Inventory):
+    def __init__(self, inventory: Inventory, mig: SimulatedMig | None = None):
         self._inv = inventory
+        self.mig = mig if mig is not None else SimulatedMig(inventory, {})
         self._cond = threading.Condition()
         self._events: list[HealthEvent] = []
         self._temps: dict[int, int] = {g.index: 40 for g in inventory.gpus}
@@ -48,6 +51,19 @@ class SimulatedBackend:
     def close(self) -> None:
         with self._cond:
             self._cond.notify_all()
+
+    # -- MIG (the instances live in `self.mig`: hand the same one to a restarted agent) -------------------
+    def mig_cards(self) -> tuple[MigCard, ...]:
+        return self.mig.cards()
+
+    def mig_create(self, index: int, profile_id: int, start: int) -> MigInstance:
+        return self.mig.create(index, profile_id, start)
+
+    def mig_destroy(self, index: int, gi: int) -> bool:
+        return self.mig.destroy(index, gi)
+
+    def mig_set_mode(self, index: int, enabled: bool) -> str:
+        return self.mig.set_mode(index, enabled)
 
     # -- injection (tests, demo) ----------------------------------------------------------------------------
     def inject_xid(self, index: int, xid: int) -> None:

@@ -116,3 +116,4 @@ class HealthEvent:
     kind: str  # "xid" | "ecc" | "lost" | "recovered"
     code: int = 0  # XID number, or count of uncorrectable ECC errors
     detail: str = ""
+    gi: int | None = None  # the MIG GPU instance the event names (None: the whole card)

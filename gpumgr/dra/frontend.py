@@ -122,6 +122,12 @@ async def start_dra(agent: Any, cfg: DraConfig | None = None) -> DraFrontEnd:
     if layout is None or vdevices is None:
         raise RuntimeError("start_dra: the agent has not built its vDevice layout and manager yet")
     fe = DraFrontEnd(cfg or from_agent_config(agent.config), state, layout, vdevices, DraKube(agent.kube.api_client))
+    mig = getattr(agent, "mig", None)
+    if mig is not None:  # MIG-capable cards: partitionable devices, instances made at prepare (docs/mig.md)
+        from gpumgr.dra.mig_prepare import MigClaims
+
+        fe.preparer.mig = MigClaims(state, mig.manager, fe.cfg.cdi_dir, agent.config.mig_minors, fe.cfg.node_name)
+        fe.publisher.mig_cards = await asyncio.to_thread(mig.manager.cards)
     await fe.start()
     return fe
 

@@ -21,6 +21,7 @@ from gpumgr.allocator.ledger import Allocation, ClaimHolder, LedgerError
 from gpumgr.dra import cdi
 from gpumgr.dra.claims import ClaimError, ClaimGrant, check_enforceable, check_uid, grant_from_claim, per_card
 from gpumgr.dra.config import DraConfig
+from gpumgr.dra.mig_prepare import MigClaims, MigResult, first_pod, mig_results_of
 from gpumgr.dra.slices import CORES, MIB, memory_ceiling
 from gpumgr.node.claims import LEDGER_PREFIX, claim_keys, vdevice_key
 from gpumgr.node.state import NodeState
@@ -46,6 +47,7 @@ class ClaimPreparer:
         self.cdi = cdi.CdiDir(cfg.cdi_dir)
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # uid -> (lock, holders + waiters)
         self._running: set[asyncio.Task[list[PreparedDevice]]] = set()
+        self.mig: MigClaims | None = None  # claims of MIG devices (dra/mig_prepare.py), when the node has MIG
 
     @contextlib.asynccontextmanager
     async def _lock(self, uid: str) -> AsyncIterator[None]:
@@ -83,12 +85,36 @@ class ClaimPreparer:
             raise ClaimError(f"{label}: reading it from the API failed: {_short(e)}") from None
         if claim is None:
             raise ClaimError(f"{label} (UID {uid}) not found in the API")
+        mig = mig_results_of(claim, self.cfg.driver_name, self.cfg.node_name)
+        if mig:
+            return await self.prepare_mig(claim, namespace, name, uid, mig)
         grant = grant_from_claim(claim, namespace=namespace, name=name, uid=uid, driver=self.cfg.driver_name,
                                  pool=self.cfg.node_name, inventory=self.state.inventory)
         check_enforceable(grant, self.state.inventory, self.cfg.memory_unit_mib)
         # shielded: a cancelled call (the kubelet's deadline) never stops between the commit and the edits;
         # the prepare finishes (or rolls back) on its own, and the kubelet's retry finds it done
         task = asyncio.ensure_future(self._locked_prepare(grant))
+        self._running.add(task)
+        task.add_done_callback(_forget_task(self._running))
+        return await asyncio.shield(task)
+
+    async def prepare_mig(self, claim: dict[str, Any], namespace: str, name: str, uid: str,
+                          results: list[MigResult]) -> list[PreparedDevice]:
+        """A claim of MIG devices: the instance made at the allocated placement (MigClaims), under the claim's lock."""
+        if self.mig is None:
+            raise ClaimError(f"claim {namespace}/{name}: names MIG devices, but this node serves no MIG")
+        mig = self.mig
+        pod, pod_uid = first_pod(claim)
+        if not pod_uid:
+            raise ClaimError(f"claim {namespace}/{name} is not reserved for any pod (status.reservedFor is empty)")
+
+        async def run() -> list[PreparedDevice]:
+            async with self._lock(uid):
+                names = await mig.prepare(namespace, name, uid, pod, pod_uid, results)
+            return [PreparedDevice(requests=(r.request,), pool=self.cfg.node_name, device=r.device, cdi_ids=(n,))
+                    for r, n in zip(results, names, strict=True)]
+
+        task = asyncio.ensure_future(run())  # shielded, as for any claim: the kubelet's deadline never cuts it
         self._running.add(task)
         task.add_done_callback(_forget_task(self._running))
         return await asyncio.shield(task)
@@ -202,6 +228,12 @@ class ClaimPreparer:
     async def unprepare(self, uid: str) -> bool:
         """Free the claim: CDI spec, vDevice server and directory, ledger. True when anything was held."""
         check_uid(uid)
+        if self.mig is not None and any(self.state.ledger.allocations[k].mig for k in claim_keys(self.state.ledger,
+                                                                                                 uid)):
+            async with self._lock(uid):
+                freed = await self.mig.unprepare(uid)
+            log.info("claim UID %s unprepared: %d MIG instances destroyed", uid, freed)
+            return True
         async with self._lock(uid):
             had_spec = await self.state.run_io(self.cdi.remove, uid)
             await self.vdevices.stop(vdevice_key(uid))

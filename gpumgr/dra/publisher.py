@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import replace
 from typing import Any
 
 from gpumgr.dra.config import DraConfig
 from gpumgr.dra.kubeaccess import DraKube
+from gpumgr.dra.mig_slices import build_slices
 from gpumgr.dra.slices import build_spec, unhealthy_map
+from gpumgr.mig.types import MigCard
 from gpumgr.node.claims import LEDGER_PREFIX
 from gpumgr.node.state import NodeState
 
@@ -27,7 +30,8 @@ class SlicePublisher:
         self.cfg = cfg
         self.state = state
         self.kube = kube
-        self.published: dict[str, Any] | None = None  # the spec last written (without generation)
+        self.published: Any = None  # the spec (a list of them with MIG) last written, without generation
+        self.mig_cards: tuple[MigCard, ...] = ()  # MIG-capable cards: partitionable devices (dra/mig_slices.py)
         self.publishes = 0
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
@@ -46,8 +50,27 @@ class SlicePublisher:
         return build_spec(st.inventory, self.cfg.node_name, self.cfg.driver_name, unhealthy_map(st.health_reasons),
                           self.cfg.memory_unit_mib, generation, held)
 
+    def wanted_all(self, generation: int) -> list[dict[str, Any]]:
+        """The pool's slices: one, or with MIG cards in MIG mode counter slices and device slices (mig_slices)."""
+        base = self.wanted(generation)
+        mig = [c for c in self.mig_cards if c.enabled]
+        if not mig:
+            return [base]
+        ledger = self.state.ledger
+        taken = [s for s in ledger.slots.values() if s.origin != "claim"]  # the static layout's: not for claims
+        cards = [replace(c, profiles=tuple(replace(p, starts=tuple(
+            st for st in p.starts if not any(t.card == c.index and st < t.start + t.size and t.start < st
+                                             + p.memory_slices for t in taken))) for p in c.profiles))
+                 for c in mig]
+        return build_slices(base, cards, self.state.inventory, unhealthy_map(self.state.health_reasons))
+
+    def slice_names(self, count: int) -> list[str]:
+        return [self.slice_name] + [f"{self.slice_name[:240]}-{k}" for k in range(1, count)]
+
     async def publish(self) -> bool:
         """Make the API show the current pool. True when it does (changed or not)."""
+        if any(c.enabled for c in self.mig_cards):
+            return await self._publish_many()
         try:
             existing = await self.kube.list_slices(self.cfg.driver_name, self.cfg.node_name)
             mine = [s for s in existing if (s.get("spec") or {}).get("driver") == self.cfg.driver_name
@@ -83,6 +106,39 @@ class SlicePublisher:
             log.warning("publishing ResourceSlice %s failed: %s", self.slice_name, e)
             return False
 
+    async def _publish_many(self) -> bool:
+        """The pool as several slices (counters apart from devices): all carry one generation, bumped when any
+        changes; slices of ours under other names are deleted."""
+        try:
+            existing = await self.kube.list_slices(self.cfg.driver_name, self.cfg.node_name)
+            mine = {s["metadata"]["name"]: s for s in existing
+                    if (s.get("spec") or {}).get("driver") == self.cfg.driver_name
+                    and (s.get("spec") or {}).get("nodeName") == self.cfg.node_name}
+            generation = max((int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+                              for s in mine.values()), default=0)
+            specs = self.wanted_all(generation)
+            names = self.slice_names(len(specs))
+            same = set(mine) == set(names) and all(_same(mine[n]["spec"], s) for n, s in zip(names, specs,
+                                                                                              strict=True))
+            if not same:
+                specs = self.wanted_all(generation + 1)
+                for n, spec in zip(names, specs, strict=True):
+                    if n in mine:
+                        await self.kube.replace_slice(n, dict(mine[n], spec=spec))
+                    else:
+                        await self.kube.create_slice({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                                                      "metadata": {"name": n}, "spec": spec})
+                for n in set(mine) - set(names):
+                    await self.kube.delete_slice(n)
+                log.info("ResourceSlices %s: pool generation %d, %d slices (MIG counters and devices)",
+                         self.slice_name, generation + 1, len(specs))
+                self.publishes += 1
+            self.published = [_strip(s) for s in specs]
+            return True
+        except Exception as e:  # noqa: BLE001 - retried by the loop
+            log.warning("publishing ResourceSlices %s failed: %s", self.slice_name, e)
+            return False
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop())
 
@@ -107,7 +163,9 @@ class SlicePublisher:
             if waiter in done:
                 version = waiter.result()
             periodic = loop.time() >= next_full
-            if ok and not periodic and self.published == _strip(self.wanted(0)) and poked not in done:
+            now = [_strip(s) for s in self.wanted_all(0)] if any(c.enabled for c in self.mig_cards) \
+                else _strip(self.wanted(0))
+            if ok and not periodic and self.published == now and poked not in done:
                 continue  # an allocation change: the slice shows full capacity, nothing to publish
             if periodic:
                 next_full = loop.time() + PERIOD_S
@@ -119,8 +177,9 @@ class SlicePublisher:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         if delete:
-            with contextlib.suppress(Exception):
-                await self.kube.delete_slice(self.slice_name)
+            for name in self.slice_names(len(self.wanted_all(0))):
+                with contextlib.suppress(Exception):
+                    await self.kube.delete_slice(name)
 
 
 def _strip(spec: dict[str, Any]) -> dict[str, Any]:

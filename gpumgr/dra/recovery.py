@@ -18,6 +18,7 @@ from typing import Any
 
 from gpumgr.allocator import ClaimHolder
 from gpumgr.dra.claims import ClaimError, ClaimGrant, DeviceGrant, PodRef, grant_from_claim
+from gpumgr.dra.mig_prepare import MigResult, mig_results_of
 from gpumgr.dra.preparer import ClaimPreparer
 from gpumgr.dra.slices import MIB
 from gpumgr.node.claims import claim_keys, claim_uids
@@ -37,8 +38,16 @@ async def recover(preparer: ClaimPreparer, list_claims: ListClaims) -> RecoveryR
         log.error("DRA recovery: listing ResourceClaims failed (%s); keeping all %d prepared claims", e, len(held))
         claims = None
     live: dict[str, ClaimGrant] = {}
+    mig_live: dict[str, tuple[dict[str, Any], list[MigResult]]] = {}
     for c in claims or []:
         meta = c.get("metadata") or {}
+        try:
+            mig = mig_results_of(c, cfg.driver_name, cfg.node_name)
+        except ClaimError:
+            continue
+        if mig:  # a claim of MIG devices: its instance is restored by MigClaims (an idempotent prepare)
+            mig_live[str(meta.get("uid", ""))] = (c, mig)
+            continue
         try:
             grant = grant_from_claim(c, namespace=str(meta.get("namespace", "")), name=str(meta.get("name", "")),
                                      uid=str(meta.get("uid", "")), driver=cfg.driver_name, pool=cfg.node_name,
@@ -48,7 +57,16 @@ async def recover(preparer: ClaimPreparer, list_claims: ListClaims) -> RecoveryR
         live[grant.uid] = grant
     for uid in sorted(held | specced):
         found = live.get(uid)
-        if found is not None:
+        if uid in mig_live:
+            c, results = mig_live[uid]
+            meta = c.get("metadata") or {}
+            try:
+                await preparer.prepare_mig(c, str(meta.get("namespace", "")), str(meta.get("name", "")), uid, results)
+                report.restored.append(uid)
+            except ClaimError as e:
+                log.error("DRA recovery: %s", e)
+                report.failed.append(uid)
+        elif found is not None:
             try:
                 await preparer.restore(found)
                 report.restored.append(uid)
@@ -62,8 +80,9 @@ async def recover(preparer: ClaimPreparer, list_claims: ListClaims) -> RecoveryR
             await preparer.unprepare(uid)
             report.freed.append(uid)
             log.info("DRA recovery: claim UID %s is no longer allocated here: freed, spec removed", uid)
-    if claims is None:
-        await _restart_servers(preparer, held)
+    if claims is None:  # MIG claims need no server: their CDI specs and instances stay as they are
+        await _restart_servers(preparer, {u for u in held if not any(
+            preparer.state.ledger.allocations[k].mig for k in claim_keys(preparer.state.ledger, u))})
     return report
 
 

@@ -64,6 +64,7 @@ def memory_ceiling(card_mib: int, unit_mib: int) -> int:
 def _device(g: GPU, inv: Inventory, nvlink: str, root: str, reason: str | None,
             unit_mib: int, held: tuple[int, int]) -> dict[str, Any] | None:
     attrs: dict[str, dict[str, Any]] = {
+        "type": {"string": "gpu"},  # a whole card (MIG devices say "mig": dra/mig_slices.py)
         "uuid": {"string": g.uuid},
         "model": {"string": g.name or "unknown"},
         "index": {"int": g.index},

@@ -58,6 +58,8 @@ class HealthMonitor:
         self.config = config or HealthConfig()
         self.on_transition = on_transition
         self.on_xid = on_xid
+        # an event naming a MIG instance: True when it marked that instance (the card is then left alone)
+        self.on_instance_event: Callable[[HealthEvent], bool] | None = None
         self.clock = clock
         self.rules = HealthRules(self.config, state.inventory.count)
         self._pass = asyncio.Lock()
@@ -123,6 +125,8 @@ class HealthMonitor:
             self._log_event(event)
             if event.kind == "xid":
                 self._report_xid(event.index, event.code)
+            if event.gi is not None and self.on_instance_event is not None and self.on_instance_event(event):
+                continue  # a MIG instance's event marks that instance only (gpumgr/mig/agent.py)
             if event.kind == "lost" and event.index == ALL_CARDS:
                 unknown_card_lost = True
             await self._apply(self.rules.on_event(event, self.clock()))

@@ -17,6 +17,7 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpumgr.metrics.mig import mig_families
 from gpumgr.metrics.usage import MIB, CardSnapshot, HolderSnapshot, NodeSnapshot, UsageReader
 
 CONTAINER_LABELS = ["pod_name", "namespace", "node", "container_name"]
@@ -43,6 +44,7 @@ class NodeCollector(Collector):
         yield from container_families(snap)
         yield from card_families(snap, self.metrics.xid_counts())
         yield from agent_families(snap, self.metrics.checkpoint_extra())
+        yield from mig_families(self.reader.state.ledger, self.reader.state.inventory)
 
 
 def container_families(snap: NodeSnapshot) -> Iterator[Metric]:

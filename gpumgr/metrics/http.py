@@ -20,6 +20,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from gpumgr.metrics.events import AgentMetrics
+from gpumgr.metrics.mig import mig_json
 from gpumgr.metrics.usage import UsageReader
 from gpumgr.metrics.views import graph_json, usage_json
 from gpumgr.requests.podspec import ascii_uint
@@ -128,7 +129,11 @@ async def _usage(request: web.Request) -> web.Response:
     except Exception as e:
         log.exception("usage snapshot failed")
         return web.json_response({"error": f"{type(e).__name__}: {e}"}, status=500)
-    return web.json_response(usage_json(snap))
+    doc = usage_json(snap)
+    mig = mig_json(reader.state.ledger)
+    if mig:  # MIG instances (docs/mig.md); absent on a node without any
+        doc["mig"] = mig
+    return web.json_response(doc)
 
 
 async def _healthz(request: web.Request) -> web.Response:

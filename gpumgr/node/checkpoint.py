@@ -28,7 +28,8 @@ from gpumgr.files.write import write_new
 from gpumgr.vdevice.layout import BadName, check_key
 
 FORMAT = "gpumgr-checkpoint"
-VERSION = 2  # 2: typed allocation records; 1 (a map of string labels, `meta`) is still read
+VERSION = 3  # 3: MIG instances (`ledger.mig`); 2: typed allocation records; 1 (`meta` labels) is still read
+NO_MIG_VERSION = 2  # what a ledger without MIG instances is written as: a gpumgr without MIG still reads it
 FILE_NAME = "gpumgr_checkpoint.json"
 MAX_BYTES = 64 << 20  # a ledger of 1024 cards and 100000 allocations is far below this
 MAX_DEPTH = 16  # what gpumgr writes is 5 deep (document, ledger, allocations, allocation, holder or ids)
@@ -50,7 +51,7 @@ def checksum(body: dict[str, Any]) -> str:
 def encode(ledger: Ledger, generation: int, node: str = "") -> bytes:
     body = {
         "format": FORMAT,
-        "version": VERSION,
+        "version": VERSION if ledger.slots else NO_MIG_VERSION,
         "generation": generation,
         "node": node,
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -83,10 +84,12 @@ def decode(data: bytes, source: str, expected_node: str | None = None) -> Snapsh
     version = doc.get("version")
     if not _is_int(version):
         raise CheckpointError(f"{source}: version field missing or not a whole number")
-    if version > VERSION or version < 1:
+    if version > VERSION or version < 1 or (
+            version < VERSION and isinstance(doc.get("ledger"), dict) and "mig" in doc["ledger"]):
         raise CheckpointError(
             f"{source}: written by a newer gpumgr (format version {_clip(str(version))}, this one reads up to "
             f"{VERSION})" if version > VERSION else f"{source}: format version {version} does not exist"
+            if version < 1 else f"{source}: format version {version} has no MIG instances, yet the file lists some"
         )
     claimed = doc.pop("checksum", None)
     try:
@@ -263,7 +266,7 @@ class CheckpointStore:
                 problems.append(gen.problem or gen.path)
                 continue
             self.generation = max(self.generation, gen.snapshot.generation)
-            self._older_format = gen.snapshot.version < VERSION
+            self._older_format = gen.snapshot.version < NO_MIG_VERSION
             return LoadResult(snapshot=gen.snapshot, problems=problems)
         if problems:
             raise CheckpointError("no usable checkpoint: " + "; ".join(problems))

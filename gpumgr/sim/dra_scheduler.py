@@ -14,12 +14,14 @@ What it does as the real allocator does:
   listed value), or the policy's default when it asks none (no policy: the whole value); it fits when the
   running total of every allocated claim's `consumedCapacity` on that device leaves room;
   `allowMultipleAllocations: false` devices go to one claim only;
+- partitionable devices: a device's `consumesCounters` must fit in what is left of its pool's `sharedCounters`
+  (published in their own slices or beside the devices), counting every allocated claim's devices;
 - constraints: `matchAttribute` (every chosen device has the same value) and `distinctAttribute`;
 - `allocationMode: All` takes every matching device; `ExactCount` `count` devices (default 1);
 - the result: `status.allocation.devices.results[]` with `shareID` (a random DNS label) and `consumedCapacity`
   for shared devices, a node selector, and the pod in `status.reservedFor`.
 Every claim of the pod is allocated on one node or none is (nothing written). Not done: `firstAvailable`,
-admin access, partitionable devices (counters), prioritised node scoring (first node that fits wins).
+admin access, prioritised node scoring (first node that fits wins).
 """
 
 from __future__ import annotations
@@ -159,6 +161,8 @@ class DraScheduler:
         """Results for each claim on `node` (None: already allocated there), or Unschedulable."""
         devices = self._node_devices(node)
         usage = self._usage()
+        counters = Counters(self._node_counters(node), {c.key: c for c in devices})
+        counters.add_allocated(self.store.list_resource("resourceclaims"))
         plans: list[tuple[Obj, list[Obj] | None]] = []
         for claim in claims:
             label = f"claim {claim['metadata'].get('namespace')}/{claim['metadata']['name']}"
@@ -169,15 +173,17 @@ class DraScheduler:
                     raise Unschedulable(f"{label} is allocated on node {on}")
                 plans.append((claim, None))
                 continue
-            results = self._solve(label, claim, devices, usage)
+            results = self._solve(label, claim, devices, usage, counters)
             for r in results:  # later claims of the same pod see these
                 key = (r["pool"], r["device"])
                 usage.setdefault(key, Usage()).add(r)
+                counters.take(key, 1)
             plans.append((claim, results))
         return plans
 
-    def _solve(self, label: str, claim: Obj, devices: list[Candidate], usage: dict[tuple[str, str], Usage]) \
-            -> list[Obj]:
+    def _solve(self, label: str, claim: Obj, devices: list[Candidate], usage: dict[tuple[str, str], Usage],
+               counters: Counters | None = None) -> list[Obj]:
+        counters = counters or Counters({}, {})
         spec = (claim.get("spec") or {}).get("devices") or {}
         requests = spec.get("requests") or []
         picks_per_request: list[tuple[str, list[tuple[Candidate, dict[str, int]]], int | None]] = []
@@ -199,6 +205,8 @@ class DraScheduler:
         def fits(c: Candidate, amounts: dict[str, int]) -> bool:
             used = usage.get(c.key, Usage())
             mine = local.get(c.key, Usage())
+            if not counters.fits(c):
+                return False
             if not c.shared:
                 return not used.claims and not mine.claims
             return all(used.amounts.get(k, 0) + mine.amounts.get(k, 0) + v <= c.capacity.get(k, 0)
@@ -236,15 +244,20 @@ class DraScheduler:
                     continue
                 chosen.append((name, c, amounts))
                 local.setdefault(c.key, Usage()).add_amounts(amounts)
+                counters.take(c.key, 1)
                 if constraints_ok() and search(ri, need - 1, i + 1):
                     return True
                 chosen.pop()
                 local[c.key].remove_amounts(amounts)
+                counters.take(c.key, -1)
                 if count is None:
                     return False
             return False
 
-        if picks_per_request and not search(0, _need(picks_per_request[0]), 0):
+        found = not picks_per_request or search(0, _need(picks_per_request[0]), 0)
+        for _, c, _ in chosen:  # the caller counts what it keeps
+            counters.take(c.key, -1)
+        if not found:
             raise Unschedulable(f"{label}: no set of devices satisfies its requests"
                                 f"{' and constraints' if constraints else ''} with the capacity left"
                                 + _why(picks_per_request))
@@ -303,6 +316,25 @@ class DraScheduler:
             for d in sp.get("devices") or []:
                 out.append(Candidate.from_device(sp["driver"], sp["pool"]["name"], d))
         return sorted(out, key=lambda c: (c.pool, _natural(c.name)))
+
+    def _node_counters(self, node: str) -> dict[tuple[str, str, str], int]:
+        """(pool, counter set, counter) -> capacity, from the newest generation of the node's slices."""
+        slices = [s for s in self.store.list_resource("resourceslices")
+                  if (s.get("spec") or {}).get("nodeName") == node]
+        newest: dict[tuple[str, str], int] = {}
+        for s in slices:
+            sp = s["spec"]
+            key = (sp["driver"], sp["pool"]["name"])
+            newest[key] = max(newest.get(key, 0), int(sp["pool"].get("generation") or 0))
+        out: dict[tuple[str, str, str], int] = {}
+        for s in slices:
+            sp = s["spec"]
+            if int(sp["pool"].get("generation") or 0) != newest[(sp["driver"], sp["pool"]["name"])]:
+                continue
+            for cs in sp.get("sharedCounters") or []:
+                for name, v in (cs.get("counters") or {}).items():
+                    out[(sp["pool"]["name"], str(cs["name"]), name)] = parse_int((v or {}).get("value", 0))
+        return out
 
     def _slice_nodes(self) -> set[str]:
         return {str((s.get("spec") or {}).get("nodeName")) for s in self.store.list_resource("resourceslices")
@@ -416,6 +448,31 @@ class Usage:
 
 
 @dataclass
+class Counters:
+    """What is left of the pools' shared counters: capacity minus every taken device's consumption."""
+
+    capacity: dict[tuple[str, str, str], int]
+    devices: dict[tuple[str, str], Candidate]
+    used: dict[tuple[str, str, str], int] = field(default_factory=dict)
+
+    def add_allocated(self, claims: Iterable[Mapping[str, Any]]) -> None:
+        for claim in claims:
+            allocation = (claim.get("status") or {}).get("allocation") or {}
+            for r in (allocation.get("devices") or {}).get("results") or []:
+                self.take((str(r.get("pool")), str(r.get("device"))), 1)
+
+    def take(self, key: tuple[str, str], sign: int) -> None:
+        c = self.devices.get(key)
+        for (cset, name), amount in (c.consumes.items() if c is not None else ()):
+            k = (c.pool, cset, name)  # type: ignore[union-attr]
+            self.used[k] = self.used.get(k, 0) + sign * amount
+
+    def fits(self, c: Candidate) -> bool:
+        return all(self.used.get((c.pool, cset, name), 0) + amount <= self.capacity.get((c.pool, cset, name), -1)
+                   for (cset, name), amount in c.consumes.items())
+
+
+@dataclass
 class Candidate:
     driver: str
     pool: str
@@ -426,6 +483,7 @@ class Candidate:
     attributes: dict[str, Any]
     taints: list[Mapping[str, Any]]
     activation: Any
+    consumes: dict[tuple[str, str], int] = field(default_factory=dict)  # (counter set, counter) -> amount
 
     @property
     def key(self) -> tuple[str, str]:
@@ -462,9 +520,11 @@ class Candidate:
         policies = {k: (v or {}).get("requestPolicy") for k, v in (d.get("capacity") or {}).items()}
         attributes = {k: next(iter(v.values()), None) if isinstance(v, dict) and v else None
                       for k, v in (d.get("attributes") or {}).items()}
+        consumes = {(str(cc.get("counterSet")), name): parse_int((v or {}).get("value", 0))
+                    for cc in d.get("consumesCounters") or [] for name, v in (cc.get("counters") or {}).items()}
         return cls(driver=driver, pool=pool, name=str(d["name"]), shared=bool(d.get("allowMultipleAllocations")),
                    capacity=capacity, policies=policies, attributes=attributes, taints=list(d.get("taints") or []),
-                   activation=device_activation(driver, d))
+                   activation=device_activation(driver, d), consumes=consumes)
 
 
 __all__ = ["ApiError", "DraScheduler", "Unschedulable", "round_request"]

@@ -12,7 +12,7 @@
  *   noecc <gpu>                     the card has ECC off (or none): no ECC counters, no double-bit ECC events
  *                                   (registering for them is refused with NOT_SUPPORTED, as NVML does)
  * Control commands, applied in order as the library next looks (every call reads what was appended):
- *   xid <gpu> <code>     dbe <gpu> (double-bit ECC event, +1 volatile uncorrected)    ecc <gpu> <count>
+ *   xid <gpu> <code> [<gi> <ci>] (on one MIG instance)     dbe <gpu> (double-bit ECC event, +1 volatile uncorrected)    ecc <gpu> <count>
  *   temp <gpu> <C>       lost <gpu>      back <gpu>      proc <gpu> <pid> <bytes> <sm %>   noproc <gpu> <pid>
  *   (a process's <bytes> may be 18446744073709551615, NVML's "value not available", as old drivers report)
  * A control line of LINE_MAX_LEN - 1 characters or more (before its newline) is skipped whole.
@@ -85,6 +85,19 @@ typedef struct {
 struct eventset;
 typedef struct eventset *nvmlEventSet_t;
 
+/* MIG (fake_nvml_mig.c, included at the end) */
+struct ci;
+static void mig_reset_state(void);
+static int mig_spec_line(const char *key, const char *rest);
+static int mig_command(const char *cmd, int g, const char *b, const char *c, const char *d);
+static void mig_load(void);
+static nvmlReturn_t mig_handle(nvmlDevice_t d, struct ci **mig);
+static int in_mig_mode(nvmlDevice_t d);
+static void mig_uuid(const struct ci *c, char *out, size_t cap);
+static unsigned long long ci_mem_mib(const struct ci *c);
+static const char *mig_name(const struct ci *c);
+static unsigned int mig_minor(const struct ci *c);
+
 enum { EV_DBE = 0x2, EV_XID = 0x8 };
 enum { LINK_NONE = 0, LINK_GPU, LINK_SWITCH, LINK_NPU };
 
@@ -116,6 +129,7 @@ struct gpu {
 struct event {
     int gpu;
     unsigned long long type, data;
+    unsigned int gi, ci; /* the MIG instance the event names (~0: the whole card) */
 };
 
 struct eventset {
@@ -154,14 +168,19 @@ static int gpu_arg(const char *s)
     return (*end == 0 && v >= 0 && v < S.count) ? (int)v : -1;
 }
 
-static void push_event(int g, unsigned long long type, unsigned long long data)
+static void push_event_on(int g, unsigned long long type, unsigned long long data, unsigned int gi, unsigned int ci)
 {
     if (!(S.gpus[g].mask & type))
         return; /* as NVML: only cards registered for this kind of event when it happens get it */
     if (S.qlen == MAX_EVENTS)
         return; /* full: the oldest stay, as a bounded driver queue would drop */
-    S.q[(S.qhead + S.qlen) % MAX_EVENTS] = (struct event){g, type, data};
+    S.q[(S.qhead + S.qlen) % MAX_EVENTS] = (struct event){g, type, data, gi, ci};
     S.qlen++;
+}
+
+static void push_event(int g, unsigned long long type, unsigned long long data)
+{
+    push_event_on(g, type, data, ~0U, ~0U);
 }
 
 static void apply_command(char *line)
@@ -174,8 +193,11 @@ static void apply_command(char *line)
     if (g < 0)
         return;
     struct gpu *p = &S.gpus[g];
-    if (!strcmp(cmd, "xid")) {
-        push_event(g, EV_XID, strtoull(b, NULL, 10));
+    if (mig_command(cmd, g, b, c, d))
+        return;
+    if (!strcmp(cmd, "xid")) { /* xid <gpu> <code> [<gi> <ci>]: on one MIG instance */
+        push_event_on(g, EV_XID, strtoull(b, NULL, 10), c[0] ? (unsigned int)atoi(c) : ~0U,
+                      d[0] ? (unsigned int)atoi(d) : ~0U);
     } else if (!strcmp(cmd, "dbe")) {
         if (p->noecc)
             return; /* no ECC: no ECC errors to report */
@@ -259,6 +281,7 @@ static nvmlReturn_t load_spec(void)
         return NVML_ERROR_DRIVER_NOT_LOADED;
     copy_str(S.loaded, sizeof S.loaded, path);
     memset(S.gpus, 0, sizeof S.gpus);
+    mig_reset_state();
     for (int i = 0; i < MAX_GPU; i++)
         for (int j = 0; j < MAX_GPU; j++)
             S.anc[i][j] = 50;
@@ -278,6 +301,8 @@ static nvmlReturn_t load_spec(void)
         if (sscanf(line, "%15s %n", key, &used) < 1)
             continue;
         const char *rest = line + used;
+        if (mig_spec_line(key, rest))
+            continue;
         if (!strcmp(key, "driver")) {
             copy_str(S.driver, sizeof S.driver, rest);
         } else if (!strcmp(key, "cuda")) {
@@ -327,6 +352,7 @@ static nvmlReturn_t load_spec(void)
         }
     }
     fclose(f);
+    mig_load(); /* instances the "hardware" already has */
     int major = 0, minor = 0;
     S.v3_layout = sscanf(S.driver, "%d.%d", &major, &minor) == 2 && major == 535 && minor >= 43 && minor <= 86;
     return rc;
@@ -384,6 +410,7 @@ static nvmlReturn_t enter(nvmlDevice_t d, int need_present)
     else if (d && (d < S.gpus || d >= S.gpus + S.count))
         rc = NVML_ERROR_INVALID_ARGUMENT;
     else {
+        mig_load();
         ingest();
         if (d && need_present && d->lost)
             rc = NVML_ERROR_GPU_IS_LOST;
@@ -434,18 +461,32 @@ static nvmlReturn_t put_str(char *dst, unsigned int len, const char *src)
 
 API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int len)
 {
+    struct ci *mig;
+    if (mig_handle(d, &mig) == NVML_SUCCESS) {
+        char u[96];
+        mig_uuid(mig, u, sizeof u);
+        return leave(put_str(uuid, len, u));
+    }
     ENTER(d);
     return leave(put_str(uuid, len, d->uuid));
 }
 
 API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int len)
 {
+    struct ci *mig;
+    if (mig_handle(d, &mig) == NVML_SUCCESS)
+        return leave(put_str(name, len, mig_name(mig)));
     ENTER(d);
     return leave(put_str(name, len, d->name));
 }
 
 API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *minor)
 {
+    struct ci *mig;
+    if (mig_handle(d, &mig) == NVML_SUCCESS) {
+        *minor = mig_minor(mig); /* the parent's /dev/nvidiaN */
+        return leave(NVML_SUCCESS);
+    }
     ENTER(d);
     *minor = d->minor;
     return leave(NVML_SUCCESS);
@@ -477,6 +518,11 @@ static unsigned long long used_bytes(const struct gpu *g)
 
 API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
+    struct ci *mig;
+    if (mig_handle(d, &mig) == NVML_SUCCESS) { /* the instance's own memory */
+        *m = (nvmlMemory_t){ci_mem_mib(mig) << 20, ci_mem_mib(mig) << 20, 0};
+        return leave(NVML_SUCCESS);
+    }
     ENTER(d);
     m->total = d->mem_mib << 20;
     m->used = used_bytes(d);
@@ -589,7 +635,12 @@ API nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned i
 
 API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
 {
+    struct ci *mig;
+    if (mig_handle(d, &mig) == NVML_SUCCESS)
+        return leave(NVML_ERROR_NOT_SUPPORTED); /* not on MIG devices */
     ENTER(d);
+    if (in_mig_mode(d))
+        return leave(NVML_ERROR_NOT_SUPPORTED); /* nor on MIG-enabled GPUs */
     unsigned int sum = 0;
     for (int i = 0; i < d->nprocs; i++)
         sum += d->procs[i].sm;
@@ -652,7 +703,12 @@ API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigne
 API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *out,
                                                  unsigned int *count, unsigned long long last_seen)
 {
+    struct ci *mig;
+    if (mig_handle(d, &mig) == NVML_SUCCESS)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
     ENTER(d);
+    if (in_mig_mode(d))
+        return leave(NVML_ERROR_NOT_SUPPORTED);
     if (!count)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
     unsigned int n = 0;
@@ -736,8 +792,10 @@ static nvmlReturn_t wait_event(nvmlEventSet_t set, nvmlEventData_t *out, unsigne
             out->device = &S.gpus[e.gpu];
             out->eventType = e.type;
             out->eventData = e.data;
-            if (v2)
-                out->gpuInstanceId = out->computeInstanceId = ~0U;
+            if (v2) {
+                out->gpuInstanceId = e.gi;
+                out->computeInstanceId = e.ci;
+            }
             return leave(NVML_SUCCESS);
         }
         pthread_mutex_unlock(&S.mu);
@@ -757,3 +815,5 @@ API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, 
     return wait_event(set, data, ms, 1);
 }
 #endif
+
+#include "fake_nvml_mig.c"

@@ -1,0 +1,99 @@
+"""Partitionable MIG devices for DRA (`sharedCounters` / `consumesCounters`, resource.k8s.io/v1): pure, the
+MIG-capable cards in, ResourceSlice specs out.
+
+Each card in MIG mode gets one counter set `gpu-<index>-counter-set`: `memory-slice-<k>` (1 each), `multiprocessors`
+and `memory` (bytes). Each (profile, placement) is a device `gpu-<index>-mig-<profile>-<profile id>-<start>` that
+consumes its memory slices, its multiprocessors and its memory, so the scheduler itself never hands out two
+overlapping instances. A card in MIG mode is offered only as MIG devices (its whole-card device is left out:
+nothing can run on the parent of a MIG-enabled card); a card with MIG off keeps its whole/fractional device.
+Since Kubernetes 1.35 a slice holds counters or devices, never both: counters go in their own slices (at most 8
+sets each), devices in slices of at most 128.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpumgr.devices.types import Inventory
+from gpumgr.mig.types import MigCard, MigProfile
+from gpumgr.requests.quantity import format_bytes
+
+MIB = 2**20
+MAX_DEVICES = 128
+MAX_COUNTER_SETS = 8
+_NAME = re.compile(r"gpu-([0-9]{1,4})-mig-[a-z0-9-]{1,40}-([0-9]{1,2})-([0-9]{1,2})\Z")
+
+
+def counter_set_name(index: int) -> str:
+    return f"gpu-{index}-counter-set"
+
+
+def device_name(index: int, profile: MigProfile, start: int) -> str:
+    return f"gpu-{index}-mig-{re.sub(r'[^a-z0-9]+', '-', profile.name.lower()).strip('-')}-{profile.id}-{start}"
+
+
+def parse_device_name(name: str) -> tuple[int, int, int] | None:
+    """(card, profile id, start) of a MIG device name, or None for any other device."""
+    m = _NAME.match(name)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def counter_set(card: MigCard) -> dict[str, Any]:
+    full = max(card.profiles, key=lambda p: (p.slices, p.memory_mib))
+    counters = {f"memory-slice-{k}": {"value": "1"} for k in range(card.memory_slices)}
+    counters["multiprocessors"] = {"value": str(full.multiprocessors)}
+    counters["memory"] = {"value": format_bytes(full.memory_mib * MIB)}
+    return {"name": counter_set_name(card.index), "counters": counters}
+
+
+def devices(card: MigCard, inv: Inventory, unhealthy: str | None = None) -> list[dict[str, Any]]:
+    parent = inv.gpus[card.index]
+    out = []
+    for p in card.profiles:
+        if "+me" in p.name:
+            continue  # media-extension profiles differ only in engines: left out, as NVIDIA's driver does
+        for start in p.starts:
+            consumed = {f"memory-slice-{k}": {"value": "1"} for k in range(start, start + p.memory_slices)}
+            consumed["multiprocessors"] = {"value": str(p.multiprocessors)}
+            consumed["memory"] = {"value": format_bytes(p.memory_mib * MIB)}
+            dev: dict[str, Any] = {
+                "name": device_name(card.index, p, start),
+                "attributes": {
+                    "type": {"string": "mig"},
+                    "profile": {"string": p.name},
+                    "parentUUID": {"string": parent.uuid},
+                    "index": {"int": card.index},
+                    "minor": {"int": parent.minor},
+                    "model": {"string": parent.name or "unknown"},
+                    "memorySliceStart": {"int": start},
+                },
+                "capacity": {"memory": {"value": format_bytes(p.memory_mib * MIB)},
+                             "multiprocessors": {"value": str(p.multiprocessors)}},
+                "consumesCounters": [{"counterSet": counter_set_name(card.index), "counters": consumed}],
+            }
+            if unhealthy is not None:
+                dev["taints"] = [{"key": "gpumgr.io/unhealthy", "value": unhealthy[:63] or "unhealthy",
+                                  "effect": "NoSchedule"}]
+            out.append(dev)
+    return out
+
+
+def build_slices(base_spec: Mapping[str, Any], cards: Iterable[MigCard], inv: Inventory,
+                 unhealthy: Mapping[int, str] | None = None) -> list[dict[str, Any]]:
+    """The pool as ResourceSlice specs: `base_spec` (slices.build_spec's one slice) without the whole-card devices
+    of cards in MIG mode, their MIG devices added; counter slices first. Every spec names the pool's slice count."""
+    mig = [c for c in cards if c.enabled]
+    mig_names = {f"gpu-{c.index}" for c in mig}
+    base_devices = [d for d in base_spec.get("devices", []) if d.get("name") not in mig_names]
+    all_devices = base_devices + [d for c in mig for d in devices(c, inv, (unhealthy or {}).get(c.index))]
+    sets = [counter_set(c) for c in mig]
+    specs: list[dict[str, Any]] = []
+    for i in range(0, len(sets), MAX_COUNTER_SETS):
+        specs.append({"sharedCounters": sets[i:i + MAX_COUNTER_SETS]})
+    for i in range(0, max(len(all_devices), 1), MAX_DEVICES):
+        specs.append({"devices": all_devices[i:i + MAX_DEVICES]})
+    pool = dict(base_spec.get("pool") or {})
+    pool["resourceSliceCount"] = len(specs)
+    return [{"driver": base_spec["driver"], "nodeName": base_spec["nodeName"], "pool": pool, **s} for s in specs]

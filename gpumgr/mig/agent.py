@@ -1,0 +1,116 @@
+"""MIG in `gpumgr run`: at start, after the checkpoint is loaded and before any front end serves, reconcile the
+ledger with NVML, apply the static layout (the node label `nvidia.com/mig.config`, else `--mig-layout`), and build
+one device plugin per profile that has instances (`<prefix><profile>`). Instance health: an event that names a GI
+marks that instance only (the card's other instances and its whole-card health stay as they are)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpumgr.deviceplugin import mig as plugin
+from gpumgr.deviceplugin.supervisor import PluginSpec
+from gpumgr.devices.types import HealthEvent
+from gpumgr.mig import layout as lay
+from gpumgr.mig import node as mig_node
+from gpumgr.mig.apply import apply_layout
+from gpumgr.mig.manager import MigManager
+from gpumgr.mig.types import MigCard
+from gpumgr.node.state import NodeState
+
+log = logging.getLogger("gpumgr.mig")
+LABEL_READ_S = 5.0
+_MAX_LAYOUTS_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class MigSettings:
+    layout: str = ""  # a layout name; empty: none (instances are left as they are, and served)
+    layouts_file: str = ""  # JSON {name: {"all" | "<card>": [profile, ...]}}
+    prefix: str = plugin.DEFAULT_PREFIX
+    mig_minors: Path = plugin.MigPluginConfig().mig_minors
+    cdi: bool = False
+
+
+@dataclass
+class MigRuntime:
+    manager: MigManager
+    health: plugin.MigHealth
+    report: lay.Report
+    plugins: list[PluginSpec] = field(default_factory=list)
+    cards: tuple[MigCard, ...] = ()  # after the layout: modes, profiles, instances
+    layout_refused: bool | None = None  # None: no layout asked
+
+    def on_instance_event(self, state: NodeState, event: HealthEvent) -> bool:
+        """True when the event named one of the ledger's instances (marked; the card is left alone)."""
+        if event.gi is None:
+            return False
+        marked = plugin.mark(self.health, state.ledger, event.index, event.gi, f"{event.kind} {event.code}")
+        if marked:
+            log.warning("MIG instance %s unhealthy: %s %d (the card's other instances are not)", marked,
+                        event.kind.upper(), event.code)
+        return marked is not None
+
+
+def load_layouts(path: str) -> dict[str, Any]:
+    """The configured layouts file (JSON), or ValueError naming the file."""
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_MAX_LAYOUTS_BYTES + 1)
+    except OSError as e:
+        raise ValueError(f"--mig-layouts-file {path}: cannot read: {e.strerror or e}") from None
+    if len(data) > _MAX_LAYOUTS_BYTES:
+        raise ValueError(f"--mig-layouts-file {path}: larger than {_MAX_LAYOUTS_BYTES} bytes")
+    try:
+        doc = json.loads(data)
+    except ValueError as e:
+        raise ValueError(f"--mig-layouts-file {path}: not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"--mig-layouts-file {path}: must be an object of named layouts")
+    for name in doc:
+        try:
+            lay.parse(str(name), doc)
+        except lay.LayoutError as e:
+            raise ValueError(f"--mig-layouts-file {path}: {e}") from None
+    return doc
+
+
+async def start(state: NodeState, backend: Any, settings: MigSettings,
+                node_labels: Callable[[], Awaitable[Mapping[str, str]]], with_plugins: bool) -> MigRuntime | None:
+    """None when no card is MIG-capable (or the backend knows no MIG)."""
+    if not hasattr(backend, "mig_cards"):
+        return None
+    cards = await asyncio.to_thread(backend.mig_cards)
+    if not cards:
+        return None
+    layout = None
+    name = lay.chosen(await node_labels(), settings.layout or None)
+    if name:
+        try:
+            layout = lay.parse(name, load_layouts(settings.layouts_file))
+        except (lay.LayoutError, ValueError) as e:
+            log.error("MIG layout not applied: %s", e)
+    manager, plan = await mig_node.start(state, backend, layout)
+    report = lay.Report()
+    if layout is not None:
+        report = await asyncio.to_thread(apply_layout, manager, lambda: state.ledger, layout)
+    runtime = MigRuntime(manager=manager, health=plugin.MigHealth(), report=report,
+                         cards=await asyncio.to_thread(manager.cards),
+                         layout_refused=None if not name else layout is None or bool(report.refused))
+    if with_plugins:
+        cfg = plugin.MigPluginConfig(mig_minors=settings.mig_minors, cdi=settings.cdi)
+        profiles = sorted({s.profile for s in state.ledger.slots.values() if s.origin != "claim"})
+        for p in profiles:
+            resource = plugin.resource_name(p, settings.prefix)
+            runtime.plugins.append(PluginSpec(resource, plugin.socket_name(p),
+                                              plugin.MigPluginServicer(state, p, resource, runtime.health, cfg)))
+        log.info("MIG: %d capable cards, %d instances, device plugins for %s", len(cards), len(state.ledger.slots),
+                 ", ".join(profiles) or "no profile")
+    return runtime

@@ -1,0 +1,80 @@
+"""A node's MIG side without the agent around it: a ledger committed to a real checkpoint directory, a backend
+(simulated, or the real nvidia-ml-py over the fake NVML), and crash points. `Crash` stands for kill -9: raised
+just before a checkpoint write (it never happened) or just after an NVML change (the card did it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpumgr.allocator import Ledger
+from gpumgr.mig.manager import MigManager
+from gpumgr.mig.types import MigInstance
+from gpumgr.node.checkpoint import CheckpointStore
+
+
+class Crash(BaseException):
+    """The process died here (BaseException: no `except Exception` in the code under test catches it)."""
+
+
+class Steps:
+    """Counts the crash points passed; raises Crash at number `at` (None: never)."""
+
+    def __init__(self, at: int | None):
+        self.at, self.n = at, 0
+
+    def point(self) -> None:
+        self.n += 1
+        if self.at is not None and self.n == self.at:
+            raise Crash(self.n)
+
+
+class CrashingBackend:
+    def __init__(self, inner: Any, steps: Steps):
+        self.inner, self.steps = inner, steps
+
+    def mig_cards(self) -> Any:
+        return self.inner.mig_cards()
+
+    def mig_create(self, index: int, profile_id: int, start: int) -> MigInstance:
+        inst = self.inner.mig_create(index, profile_id, start)
+        self.steps.point()
+        return inst
+
+    def mig_destroy(self, index: int, gi: int) -> bool:
+        done = self.inner.mig_destroy(index, gi)
+        self.steps.point()
+        return bool(done)
+
+    def mig_set_mode(self, index: int, enabled: bool) -> str:
+        return str(self.inner.mig_set_mode(index, enabled))
+
+
+class Node:
+    """One agent life: the ledger from the checkpoint in `directory`, changes written before they go live."""
+
+    def __init__(self, directory: Path, card_memory_mib: list[int], backend: Any, steps: Steps):
+        self.store = CheckpointStore(directory)
+        res = self.store.load()
+        self.ledger = res.snapshot.ledger if res.snapshot else Ledger(card_memory_mib)
+        self.steps = steps
+        self.mig = MigManager(CrashingBackend(backend, steps), self.commit, lambda: self.ledger)
+
+    def commit(self, change: Callable[[Ledger], Any]) -> Any:
+        trial = self.ledger.copy()
+        result = change(trial)
+        self.steps.point()
+        self.store.save(trial)
+        self.ledger = trial
+        return result
+
+
+def truth(backend: Any) -> set[tuple[int, int, str, str]]:
+    """(card, start, profile, uuid) of every instance the card has."""
+    cards = backend.cards() if hasattr(backend, "cards") else backend.mig_cards()
+    return {(i.card, i.start, i.profile, i.uuid) for c in cards for i in c.instances}
+
+
+def recorded(ledger: Ledger) -> set[tuple[int, int, str, str]]:
+    return {(s.card, s.start, s.profile, s.uuid) for s in ledger.slots.values()}

@@ -1,0 +1,31 @@
+"""`gpumgr run`'s MIG flags: a bad layout name, layouts file or resource prefix is one clear line and exit 2,
+before anything starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpumgr.cli", "run", "--node-name", "n1", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_bad_mig_flags_are_refused_before_anything_starts(tmp_path: Path):
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{not json")
+    bad_layout = tmp_path / "layout.json"
+    bad_layout.write_text('{"halves": {"first": ["3g.40gb"]}}')
+    for args, words in [
+        (("--mig-layout", "half"), "unknown MIG layout 'half'; known: all-<profile>, all-balanced, all-disabled"),
+        (("--mig-layout", "a b"), "MIG layout name 'a b'"),
+        (("--mig-layouts-file", str(bad_json)), f"--mig-layouts-file {bad_json}: not JSON"),
+        (("--mig-layouts-file", str(bad_layout)), "MIG layout halves: 'first' is neither \"all\" nor a card index"),
+        (("--mig-layouts-file", str(tmp_path / "none.json")), "cannot read"),
+        (("--mig-resource-prefix", "NVIDIA.com/mig-"), "--mig-resource-prefix must be a resource name prefix"),
+    ]:
+        p = run(*args)
+        assert p.returncode == 2, (args, p.stderr)
+        assert words in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
