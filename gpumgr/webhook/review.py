@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from gpumgr import jsonbound
+
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
 MAX_DEPTH = 64  # a Pod with managedFields nests about 20 deep
@@ -20,15 +22,14 @@ class BadReview(ValueError):
     """A body that is not an AdmissionReview v1 the webhook can answer."""
 
 
-def decode(raw: bytes) -> Any:
-    """JSON of at most MAX_DEPTH levels of nesting."""
+def decode(raw: bytes, max_elements: int) -> Any:
+    """JSON of at most MAX_DEPTH levels of nesting and `max_elements` keys, values, objects and arrays, both
+    checked on the bytes before anything is built (`gpumgr.jsonbound`)."""
     try:
-        doc = json.loads(raw)
-    except RecursionError:
-        raise BadReview(f"the body is nested deeper than {MAX_DEPTH} levels") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadReview(f"the body is not JSON: {e}") from None
-    if _depth_exceeds(doc, MAX_DEPTH):
+        doc = jsonbound.loads(raw, max_elements=max_elements, max_depth=MAX_DEPTH)
+    except jsonbound.JsonBoundsError as e:
+        raise BadReview(str(e)) from None
+    if _depth_exceeds(doc, MAX_DEPTH):  # the scan's count is of brackets; kept as a second check of the document
         raise BadReview(f"the body is nested deeper than {MAX_DEPTH} levels")
     return doc
 

@@ -34,6 +34,10 @@ BUSY_BODY = b'{"error":"the gpumgr webhook has too many open connections; try ag
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a Pod is at most ~1.5 MiB in etcd; object and oldObject together fit
+# A body may hold one JSON key, value, object or array per this many bytes: 200,000 in 4 MiB, ten times what a
+# pod with 10,000 environment variables and its managedFields holds; ~20 MiB of Python objects at most
+# (gpumgr.jsonbound.BYTES_PER_ELEMENT), where 4 MiB of `{},` unchecked were 1.3 million dicts and ~190 MiB.
+BYTES_PER_ELEMENT = 20
 READ_TIMEOUT = 10.0  # the API server's own webhook timeout is 10 s by default
 HEADER_TIMEOUT = 5.0  # to send the request line and headers (and the TLS handshake); also the idle keep-alive
 MAX_CONNECTIONS = 256
@@ -52,6 +56,7 @@ class WebhookServer:
         self.scheduler_name = scheduler_name
         self.tls = tls
         self.max_body_bytes = max_body_bytes
+        self.max_elements = max(1024, max_body_bytes // BYTES_PER_ELEMENT)
         self.read_timeout = read_timeout
         self.header_timeout = header_timeout
         self.max_connections = max_connections
@@ -133,7 +138,7 @@ class WebhookServer:
 
     async def _mutate(self, request: Any) -> Any:
         raw = await read_body(request, self._limits, self._budget, service="gpumgr webhook", limit_flag="")
-        review = parse_review(decode(raw))
+        review = parse_review(decode(raw, self.max_elements))
         if not review.is_pod or review.obj is None:
             return _reply(response(review.uid))
         verdict = review_pod(review.obj, review.operation, self.scheduler_name, max_cards=self.max_cards)
