@@ -57,10 +57,13 @@ def parse_review(doc: Any) -> ReviewRequest:
     obj = req.get("object")
     if obj is not None and not isinstance(obj, dict):
         raise BadReview(f"request.object must be an object, got {_kind(obj)}")
+    old = req.get("oldObject")
+    if old is not None and not isinstance(old, dict):
+        raise BadReview(f"request.oldObject must be an object, got {_kind(old)}")
     is_pod = kind.get("group", "") == "" and kind.get("kind") == "Pod" and req.get("subResource") in (None, "")
     namespace = req.get("namespace")
     return ReviewRequest(uid=uid, operation=operation, is_pod=is_pod, obj=obj,
-                         namespace=namespace[:253] if isinstance(namespace, str) else "")
+                         namespace=namespace[:253] if isinstance(namespace, str) else "", old=old)
 
 
 def response(uid: str, *, patch: list[dict[str, Any]] | None = None, denied: str = "", code: int = 403,
@@ -105,3 +108,4 @@ class ReviewRequest:
     is_pod: bool  # core/v1 Pod itself (not a subresource such as pods/status)
     obj: dict[str, Any] | None  # the object as it will be stored (null for DELETE)
     namespace: str = ""  # request.namespace (a new pod's metadata may not carry it yet)
+    old: dict[str, Any] | None = None  # request.oldObject: the stored object, for UPDATE

@@ -141,7 +141,8 @@ class WebhookServer:
         review = parse_review(decode(raw, self.max_elements))
         if not review.is_pod or review.obj is None:
             return _reply(response(review.uid))
-        verdict = review_pod(review.obj, review.operation, self.scheduler_name, max_cards=self.max_cards)
+        verdict = review_pod(review.obj, review.operation, self.scheduler_name, max_cards=self.max_cards,
+                             old=review.old)
         name = _pod_name(review.obj, review.namespace)
         if verdict.denied:
             log.info("refused pod %s: %s", name, verdict.denied)
