@@ -70,9 +70,6 @@ def build_probe_app(view: ClusterView, gate: Gate | None = None, health: Health 
 
 
 MAX_UNKNOWN_NAMES = 1000  # node names per call the extender does not know (new nodes its watch has not shown yet)
-# A body may hold one JSON key, value, object or array per this many bytes (see decode_json): NodeNames are ~30
-# bytes a name, a whole Node (nodeCacheCapable: false) ~25 bytes an element; decoded, at most ~4x the body's bytes.
-JSON_BYTES_PER_ELEMENT = 24
 SYNCING = "the gpumgr extender is still listing nodes and pods; try again shortly"
 
 
@@ -87,7 +84,7 @@ class Routes:
         self.limits = limits
         self.budget = BodyBudget(limits.budget_bytes)
         self.lane = SmallestFirst()
-        self.max_json_elements = max(1024, limits.max_body_bytes // JSON_BYTES_PER_ELEMENT)
+        self.max_json_elements = limits.max_json_elements
 
     def _check_known(self, names: list[str]) -> None:
         """A scheduler names the nodes of its cluster: a call naming many the extender has never seen is refused

@@ -48,7 +48,7 @@ class WebhookServer:
     def __init__(self, scheduler_name: str, tls: TlsFiles | None, *, max_body_bytes: int = MAX_BODY_BYTES,
                  read_timeout: float = READ_TIMEOUT, reload_every: float = RELOAD_EVERY,
                  header_timeout: float = HEADER_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
-                 max_cards: int = MAX_CARDS):
+                 max_cards: int = MAX_CARDS, memory_limit_bytes: int = 0):
         for name, value in (("header_timeout", header_timeout), ("max_connections", max_connections),
                             ("max_cards", max_cards), ("read_timeout", read_timeout)):
             if not value > 0:
@@ -56,7 +56,6 @@ class WebhookServer:
         self.scheduler_name = scheduler_name
         self.tls = tls
         self.max_body_bytes = max_body_bytes
-        self.max_elements = max(1024, max_body_bytes // BYTES_PER_ELEMENT)
         self.read_timeout = read_timeout
         self.header_timeout = header_timeout
         self.max_connections = max_connections
@@ -64,8 +63,11 @@ class WebhookServer:
         self.reload_every = reload_every
         self.ssl_context: ssl.SSLContext | None = server_context(tls) if tls else None
         # bodies are read by gpumgr.httpbody, as the extender's are (size after decompression, time, a shared budget)
+        # and, with the container's memory limit, the bodies in flight fit in 3/8 of it (httpbody.Limits)
         self._limits = Limits(max_body_bytes=max_body_bytes, header_timeout=header_timeout, body_timeout=read_timeout,
-                              max_connections=max_connections)
+                              max_connections=max_connections, memory_limit_bytes=memory_limit_bytes,
+                              json_bytes_per_element=BYTES_PER_ELEMENT)
+        self.max_elements = self._limits.max_json_elements
         self._budget = BodyBudget(self._limits.budget_bytes)
         self._stamp = _stamp(tls) if tls else None
         self._runner: Any = None
