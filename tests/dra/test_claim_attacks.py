@@ -1,0 +1,84 @@
+"""Issue 18, not yet attacked: DRA claims through the real NodePrepareResources (unix-socket gRPC, the kubelet
+emulator), with allocations someone forged or edited. Each bad claim gets its own clear error and changes nothing;
+good claims in the same call are prepared."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.dra.harness import NODE, NS, DraNode, whole_request
+from tests.dra.test_bad_claims import allocate, prepare, results_patch, snapshot
+
+CAPACITY_ATTACKS: dict[str, tuple[Any, str]] = {
+    "larger-than-the-card": ({"memory": "64Gi", "cores": "30"}, "is outside 1..17179869184"),
+    "zero-memory": ({"memory": "0", "cores": "30"}, "not a positive amount of memory"),
+    "negative-memory": ({"memory": "-1Gi", "cores": "30"}, "not a positive amount of memory"),
+    "not-a-number": ({"memory": "NaN", "cores": "30"}, "not a quantity: 'NaN'"),
+    "exponent": ({"memory": "1e30", "cores": "30"}, "not a positive amount of memory"),
+    "thousands-of-digits": ({"memory": "9" * 5000, "cores": "30"}, "not a quantity"),
+    "unpublished-capacity": ({"memory": "4Gi", "cores": "30", "bananas": "1"},
+                             "names 'bananas', which this driver does not publish (its devices have memory and cores)"),
+    "zero-cores": ({"memory": "4Gi", "cores": "0"}, "cores 0 is outside 1..100"),
+    "too-many-cores": ({"memory": "4Gi", "cores": "101"}, "cores 101 is outside 1..100"),
+    "negative-cores": ({"memory": "4Gi", "cores": "-30"}, "cores -30 is outside 1..100"),
+    "not-an-object": (["memory"], "consumedCapacity must be an object"),
+}
+
+
+@pytest.mark.parametrize("half", [0, 1])
+async def test_forged_consumed_capacity_is_refused_per_claim_and_changes_nothing(node: DraNode, half: int) -> None:
+    names = sorted(CAPACITY_ATTACKS)[half::2]  # two halves: one node holds ~12 claims of 5 cores and 1 GiB here
+    claims = {name: allocate(node, name, cores=5, memory="1Gi") for name in [*names, "good"]}
+    for name in names:  # edited after the scheduler placed them all
+        node.api.store.merge_patch_object(
+            "resourceclaims", name, results_patch(claims[name], consumedCapacity=CAPACITY_ATTACKS[name][0]), NS)
+    before = snapshot(node)
+    resp = await prepare(node, *[(NS, n, c["metadata"]["uid"]) for n, c in claims.items() if n != "good"])
+    for name in names:
+        got = resp.claims[claims[name]["metadata"]["uid"]]
+        assert CAPACITY_ATTACKS[name][1] in got.error and not got.devices, (name, got.error)
+        assert len(got.error) < 400, got.error
+    assert snapshot(node) == before
+    good = claims["good"]["metadata"]["uid"]
+    resp = await prepare(node, (NS, "good", good))
+    assert resp.claims[good].error == "" and resp.claims[good].devices
+
+
+def _reserve_for(node: DraNode, claim: dict[str, Any], pods: int) -> None:
+    status = copy.deepcopy(claim["status"])
+    status["reservedFor"] = [{"resource": "pods", "name": f"pod-{i}", "uid": f"uid-{i}"} for i in range(pods)]
+    node.api.store.merge_patch_object("resourceclaims", claim["metadata"]["name"], {"status": status}, NS)
+
+
+async def test_a_claim_reserved_for_256_pods(node: DraNode) -> None:
+    share = allocate(node, "share", cores=5, memory="1Gi")
+    node.create_claim("whole", [whole_request()])
+    node.create_pod("pod-whole", {"gpu": {"resourceClaimName": "whole"}})
+    node.scheduler.schedule_pod(NS, "pod-whole", [NODE])
+    whole = node.claim("whole")
+    _reserve_for(node, share, 256)
+    _reserve_for(node, whole, 256)
+    resp = await prepare(node, (NS, "share", share["metadata"]["uid"]), (NS, "whole", whole["metadata"]["uid"]))
+    refused = resp.claims[share["metadata"]["uid"]].error
+    # a limited claim serves one pod; the message names a few and counts the rest (it listed all 256 before)
+    assert "shared by 256 pods (pod-0, pod-1, pod-2, pod-3, pod-4 and 251 more)" in refused, refused
+    assert len(refused) < 500
+    assert resp.claims[whole["metadata"]["uid"]].error == ""  # a whole card may be shared
+    assert [d.device_name for d in resp.claims[whole["metadata"]["uid"]].devices] == ["gpu-1"]
+
+
+async def test_a_prepared_claim_whose_allocation_changed_names_both_sets_of_devices(node: DraNode) -> None:
+    """Issue 18 finding 7: the message printed an internal tuple, `([(6,)])`."""
+    claim = allocate(node, "moved", cores=30, memory="4Gi")
+    uid = claim["metadata"]["uid"]
+    assert (await prepare(node, (NS, "moved", uid))).claims[uid].error == ""
+    before = snapshot(node)
+    node.api.store.merge_patch_object("resourceclaims", "moved", results_patch(claim, device="gpu-3"), NS)
+    error = (await prepare(node, (NS, "moved", uid))).claims[uid].error
+    assert ("is already prepared with other devices (gpu-0 (30 cores, 4096 MiB); the claim now names gpu-3 "
+            "(30 cores, 4096 MiB)); unprepare it first") in error, error
+    assert "(0,)" not in error
+    assert snapshot(node) == before
