@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpumgr.kube.client import KubeClient
+from gpumgr.kube.pace import BookmarkPace
 from gpumgr.kube.rest import ApiError, status_error
 
 log = logging.getLogger("gpumgr.kube")
@@ -157,6 +158,7 @@ class PodCache:
     async def _watch(self, rv: str) -> str:
         """One watch from `rv`; the version to resume from, or "" when the cache must be listed again."""
         # closed on every way out (an error, a 410), so the stream's connection goes back at once, not at GC
+        pace = BookmarkPace()
         async with contextlib.aclosing(self.kube.watch_node_pods(self.node, rv, WATCH_TIMEOUT_S)) as events:
             async for ev in events:
                 kind, obj = str(ev.get("type")), ev["object"]
@@ -169,6 +171,11 @@ class PodCache:
                 seen = (obj.get("metadata") or {}).get("resourceVersion")
                 if kind != "BOOKMARK":
                     self._apply(kind, obj)
+                elif (wait := pace.delay(asyncio.get_running_loop().time())) > 0:
+                    if pace.paced == 1:
+                        log.warning("pod watch on node %s: the API server sends bookmarks faster than %g a second; "
+                                    "reading them at that pace", self.node, pace.per_s)
+                    await asyncio.sleep(wait)  # not reading: the server waits on TCP, nothing piles up here
                 if seen:
                     rv = str(seen)
         return rv

@@ -1,0 +1,96 @@
+"""Bounds every Kubernetes client of gpumgr applies to what an API server sends (the extender's watcher threads,
+the agent's pod cache): a broken or hostile server must cost a bounded amount of memory and CPU, and say so.
+
+- Lists are read in pages (`limit`), each page at most `MAX_PAGE_BYTES` and `MAX_PAGE_ELEMENTS` JSON elements
+  (checked on the bytes before decoding, gpumgr.jsonbound), the whole list at most a per-resource item count;
+  a server that ignores `limit` and answers everything at once is cut off with an error naming the bound.
+- A watch event is one line of at most `MAX_EVENT_BYTES`.
+- Bookmarks (events that change nothing) are paced by `BookmarkPace`: a burst, then a few a second. A server
+  sends one about a minute; an endless stream of them would otherwise keep a core busy decoding nothing.
+  Pacing by waiting (not by dropping the stream) makes the server wait too: the client stops reading, so TCP
+  holds the rest back and no memory grows.
+- A watch that ends at once (410 Expired, or the stream closed right away) is opened again only after a growing
+  pause (`Backoff`), never in a tight list-410-list loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_PAGE_BYTES = 32 << 20  # one list page of 500 objects: ~10 MiB for pods heavy with managedFields
+MAX_PAGE_ELEMENTS = 1_000_000  # JSON keys/values per page (~100 MB decoded at most; 500 real pods are ~250,000)
+MAX_EVENT_BYTES = 8 << 20  # one watch event: a pod is at most ~1.5 MiB in etcd
+BOOKMARK_BURST = 20
+BOOKMARKS_PER_S = 2.0
+BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.2, 10.0
+QUICK_WATCH_S = 1.0  # a watch that ends sooner than this (with nothing in it) counts as a failure to back off on
+
+
+class ListTooLarge(ValueError):
+    """A list answer beyond the bounds above; the message names the resource and the bound."""
+
+
+def read_capped(resp: Any, cap: int, what: str) -> bytes:
+    """The body of a urllib3 response (the `kubernetes` client's, `_preload_content=False`), at most `cap` bytes;
+    past that the connection is dropped (the rest is never read) and ListTooLarge says why."""
+    buf = bytearray()
+    try:
+        for chunk in resp.stream(1 << 16):
+            buf += chunk
+            if len(buf) > cap:
+                raise ListTooLarge(f"{what}: the API server's answer is over {cap} bytes; cut off (does it ignore "
+                                   "`limit`?)")
+    except BaseException:
+        with contextlib.suppress(Exception):
+            resp.close()  # mid-body: this connection must not carry another request
+        raise
+    resp.release_conn()
+    return bytes(buf)
+
+
+def page_count_cap(max_items: int, page: int) -> int:
+    """How many pages a list may take: enough for `max_items`, plus room for short pages."""
+    return max_items // max(1, page) + 100
+
+
+@dataclass
+class BookmarkPace:
+    """A token bucket for bookmarks: `delay(now)` is how long to wait before handling the next one."""
+
+    burst: int = BOOKMARK_BURST
+    per_s: float = BOOKMARKS_PER_S
+    tokens: float = field(default=float(BOOKMARK_BURST))
+    last: float | None = None
+    paced: int = 0  # bookmarks that had to wait (for a log line and for tests)
+
+    def delay(self, now: float) -> float:
+        if self.last is not None:
+            self.tokens = min(float(self.burst), self.tokens + (now - self.last) * self.per_s)
+        self.last = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        wait = (1.0 - self.tokens) / self.per_s
+        self.tokens = 0.0
+        self.last = now + wait
+        self.paced += 1
+        return wait
+
+
+@dataclass
+class Backoff:
+    """Doubling pauses from BACKOFF_FIRST_S to BACKOFF_MAX_S; `reset()` after a watch that lasted."""
+
+    first: float = BACKOFF_FIRST_S
+    most: float = BACKOFF_MAX_S
+    current: float = BACKOFF_FIRST_S
+
+    def next(self) -> float:
+        wait = self.current
+        self.current = min(self.current * 2, self.most)
+        return wait
+
+    def reset(self) -> None:
+        self.current = self.first
