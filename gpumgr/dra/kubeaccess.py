@@ -11,8 +11,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from gpumgr import jsonbound
 from gpumgr.kube.pace import MAX_PAGE_BYTES, MAX_PAGE_ELEMENTS, read_capped
+from gpumgr.serving import jsonbound
 
 Obj = dict[str, Any]
 TIMEOUT = (5, 30)

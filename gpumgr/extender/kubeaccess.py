@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpumgr import jsonbound
 from gpumgr.kube.pace import MAX_PAGE_BYTES, MAX_PAGE_ELEMENTS, ListTooLarge, read_capped
+from gpumgr.serving import jsonbound
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpumgr import jsonbound
 from gpumgr.extender.kubeaccess import MAX_DEPTH, ApiCallError, KubeAccess
 from gpumgr.kube.pace import MAX_EVENT_BYTES, QUICK_WATCH_S, Backoff, BookmarkPace, page_count_cap
+from gpumgr.serving import jsonbound
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gpumgr import jsonbound
+from gpumgr.serving import jsonbound
 
 MAX_NODES = 20_000  # NodeNames / Nodes.items per call (Kubernetes supports 5,000 nodes per cluster)
 MAX_NAME = 253  # DNS subdomain: the longest node, pod or namespace name
@@ -29,7 +29,7 @@ class BadRequest(ValueError):
 
 def decode_json(raw: bytes, max_elements: int, max_depth: int = MAX_DEPTH) -> Any:
     """The body as JSON, refused before decoding when it may hold more than `max_elements` keys, values, objects
-    and arrays or nests deeper than `max_depth` (`gpumgr.jsonbound`): what decoding can allocate is bounded."""
+    and arrays or nests deeper than `max_depth` (`gpumgr.serving.jsonbound`): what decoding can allocate is bounded."""
     try:
         return jsonbound.loads(raw, max_elements=max_elements, max_depth=max_depth)
     except jsonbound.JsonBoundsError as e:

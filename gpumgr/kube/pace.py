@@ -2,7 +2,7 @@
 the agent's pod cache): a broken or hostile server must cost a bounded amount of memory and CPU, and say so.
 
 - Lists are read in pages (`limit`), each page at most `MAX_PAGE_BYTES` and `MAX_PAGE_ELEMENTS` JSON elements
-  (checked on the bytes before decoding, gpumgr.jsonbound), the whole list at most a per-resource item count;
+  (checked on the bytes before decoding, gpumgr.serving.jsonbound), the whole list at most a per-resource item count;
   a server that ignores `limit` and answers everything at once is cut off with an error naming the bound.
 - A watch event is one line of at most `MAX_EVENT_BYTES`.
 - Bookmarks (events that change nothing) are paced by `BookmarkPace`: a burst, then a few a second. A server

@@ -22,9 +22,9 @@ from typing import Any
 
 import aiohttp
 
-from gpumgr import jsonbound
 from gpumgr.kube.kubeconfig import ClusterAccess
 from gpumgr.kube.pace import MAX_EVENT_BYTES, MAX_PAGE_ELEMENTS
+from gpumgr.serving import jsonbound
 
 log = logging.getLogger("gpumgr.kube")
 

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gpumgr import jsonbound
+from gpumgr.serving import jsonbound
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
@@ -24,7 +24,7 @@ class BadReview(ValueError):
 
 def decode(raw: bytes, max_elements: int) -> Any:
     """JSON of at most MAX_DEPTH levels of nesting and `max_elements` keys, values, objects and arrays, both
-    checked on the bytes before anything is built (`gpumgr.jsonbound`)."""
+    checked on the bytes before anything is built (`gpumgr.serving.jsonbound`)."""
     try:
         doc = jsonbound.loads(raw, max_elements=max_elements, max_depth=MAX_DEPTH)
     except jsonbound.JsonBoundsError as e:

@@ -8,7 +8,7 @@
 Every error is JSON (`{"error": "..."}`): 400 for a body that is not an AdmissionReview v1, 413 over the size
 limit (after gzip/deflate decompression), 408 when the body is not sent in time, 415 for another
 Content-Encoding, 404/405 for wrong paths and methods, 503 when `max_connections` are already open or too many
-bodies are being read at once (bodies are read by `gpumgr.httpbody.read_body`, as the extender's are).
+bodies are being read at once (bodies are read by `gpumgr.serving.body.read_body`, as the extender's are).
 A connection that has not sent a whole request head within `header_timeout` seconds (or sits
 idle that long between requests) is closed. The certificate and key are read again when their files change
 (cert-manager rotates them), checked every `reload_every` seconds.
@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpumgr.httpbody import BodyBudget, BodyError, ClientGone, Limits, read_body
+from gpumgr.serving.body import BodyBudget, BodyError, ClientGone, Limits, read_body
 from gpumgr.webhook.policy import MAX_CARDS, review_pod
 from gpumgr.webhook.review import BadReview, decode, parse_review, response
 
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a Pod is at most ~1.5 MiB in etcd; object and oldObject together fit
 # A body may hold one JSON key, value, object or array per this many bytes: 200,000 in 4 MiB, ten times what a
 # pod with 10,000 environment variables and its managedFields holds; ~20 MiB of Python objects at most
-# (gpumgr.jsonbound.BYTES_PER_ELEMENT), where 4 MiB of `{},` unchecked were 1.3 million dicts and ~190 MiB.
+# (gpumgr.serving.jsonbound.BYTES_PER_ELEMENT), where 4 MiB of `{},` unchecked were 1.3 million dicts and ~190 MiB.
 BYTES_PER_ELEMENT = 20
 READ_TIMEOUT = 10.0  # the API server's own webhook timeout is 10 s by default
 HEADER_TIMEOUT = 5.0  # to send the request line and headers (and the TLS handshake); also the idle keep-alive
@@ -62,8 +62,8 @@ class WebhookServer:
         self.max_cards = max_cards
         self.reload_every = reload_every
         self.ssl_context: ssl.SSLContext | None = server_context(tls) if tls else None
-        # bodies are read by gpumgr.httpbody, as the extender's are (size after decompression, time, a shared budget)
-        # and, with the container's memory limit, the bodies in flight fit in 3/8 of it (httpbody.Limits)
+        # bodies are read by gpumgr.serving.body, as the extender's are (size after decompression, time, shared budget)
+        # and, with the container's memory limit, the bodies in flight fit in 3/8 of it (serving.body.Limits)
         self._limits = Limits(max_body_bytes=max_body_bytes, header_timeout=header_timeout, body_timeout=read_timeout,
                               max_connections=max_connections, memory_limit_bytes=memory_limit_bytes,
                               json_bytes_per_element=BYTES_PER_ELEMENT)
@@ -77,7 +77,7 @@ class WebhookServer:
         """Listen; returns the port listened on."""
         from aiohttp import web
 
-        from gpumgr.httpsite import CappedSite
+        from gpumgr.serving.site import CappedSite
 
         if self._runner is not None:
             raise RuntimeError("the webhook is already started")
@@ -157,10 +157,10 @@ class WebhookServer:
 
 
 def server_context(tls: TlsFiles) -> ssl.SSLContext:
-    """TLS 1.2+ server context (the extender's, `gpumgr.extender.tls`); with a client CA, callers must present a
+    """TLS 1.2+ server context (the extender's, `gpumgr.serving.tls`); with a client CA, callers must present a
     certificate it signed. Raises TlsSettingsError (a ValueError naming the flag and file) when a file cannot
     be used."""
-    from gpumgr.extender.tls import server_context as context
+    from gpumgr.serving.tls import server_context as context
 
     return context(tls.cert_file, tls.key_file, tls.client_ca_file)
 

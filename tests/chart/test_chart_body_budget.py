@@ -12,7 +12,7 @@ import pytest
 
 from gpumgr.commands import extender as extender_command
 from gpumgr.commands import webhook as webhook_command
-from gpumgr.docfile import InputError
+from gpumgr.files.docfile import InputError
 
 from .support import PREFIX, container, render
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpumgr.choices import ANN_POLICY, ANN_UUID_EXCLUDE, ANN_UUID_SELECT
+from gpumgr.requests.choices import ANN_POLICY, ANN_UUID_EXCLUDE, ANN_UUID_SELECT
 from gpumgr.sim.kubeapi import KubeApiServer
 from tests.extender.support import args, inventory, node, pod
 

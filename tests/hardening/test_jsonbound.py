@@ -1,4 +1,4 @@
-"""`gpumgr.jsonbound`: the scan of the bytes agrees with the document it lets through, and refuses cheaply."""
+"""`gpumgr.serving.jsonbound`: the scan of the bytes agrees with the document it lets through, and refuses cheaply."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpumgr import jsonbound
+from gpumgr.serving import jsonbound
 
 TEXT = st.text(alphabet='ab{}[],:"\\ \u00e9\n', max_size=6)
 DOCS = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | TEXT,

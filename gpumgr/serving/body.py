@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpumgr.jsonbound import BYTES_PER_ELEMENT
+from gpumgr.serving.jsonbound import BYTES_PER_ELEMENT
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -36,7 +36,7 @@ BUDGET_BODIES = 16  # the bodies in flight at once may add up to at most this ma
 # the extender's view of 5,000 nodes peaks at ~310 MiB of the chart's 512 MiB, the webhook idles at ~40 MiB of
 # its 128 MiB (docs/extender.md, "Request bodies and memory").
 BODY_SHARE = 0.375
-# A body may hold one JSON key, value, object or array per this many bytes (gpumgr.jsonbound): NodeNames are ~30
+# A body may hold one JSON key, value, object or array per this many bytes (gpumgr.serving.jsonbound): NodeNames are ~30
 # bytes a name, a whole Node (nodeCacheCapable: false) ~25 bytes an element; decoded, at most ~6x the body's bytes.
 JSON_BYTES_PER_ELEMENT = 24
 
@@ -187,13 +187,13 @@ class Limits:
 
     @property
     def max_json_elements(self) -> int:
-        """JSON keys, values, objects and arrays one body may hold (gpumgr.jsonbound)."""
+        """JSON keys, values, objects and arrays one body may hold (gpumgr.serving.jsonbound)."""
         return max(1024, self.max_body_bytes // self.json_bytes_per_element)
 
     @property
     def decode_peak_bytes(self) -> int:
         """The most one body takes while it is decoded: its bytes twice (read buffer and the copy handed on)
-        plus its Python objects (gpumgr.jsonbound.BYTES_PER_ELEMENT each)."""
+        plus its Python objects (gpumgr.serving.jsonbound.BYTES_PER_ELEMENT each)."""
         return 2 * self.max_body_bytes + self.max_json_elements * BYTES_PER_ELEMENT
 
     @property
