@@ -68,6 +68,17 @@ class DraKube:
                               field_selector=f"spec.driver={driver},spec.nodeName={node}")
         return list(doc.get("items") or [])
 
+    async def get_slice(self, name: str) -> Obj | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj: Obj = await self._run(self.api.read_resource_slice, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return obj
+
     async def create_slice(self, body: Obj) -> Obj:
         created: Obj = await self._run(self.api.create_resource_slice, body)
         return created

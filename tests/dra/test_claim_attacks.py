@@ -5,6 +5,7 @@ good claims in the same call are prepared."""
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 import pytest
@@ -82,3 +83,46 @@ async def test_a_prepared_claim_whose_allocation_changed_names_both_sets_of_devi
             "(30 cores, 4096 MiB)); unprepare it first") in error, error
     assert "(0,)" not in error
     assert snapshot(node) == before
+
+
+# -- this driver's ResourceSlice edited or deleted by someone else --------------------------------------------------
+SLICE = f"{NODE}-vgpu.gpumgr.io"
+
+
+def _slice(node: DraNode) -> dict[str, Any] | None:
+    return node.api.store.get_object("resourceslices", SLICE)
+
+
+@pytest.mark.parametrize("edit", ["capacity", "devices", "node", "driver", "deleted"])
+async def test_the_agent_puts_its_slice_back_and_says_why(node: DraNode, caplog: pytest.LogCaptureFixture,
+                                                          edit: str) -> None:
+    from tests.dra.test_slices import until
+
+    caplog.set_level(logging.INFO, "gpumgr.dra.slices")
+    await until(lambda: _slice(node) is not None)
+    assert node.fe is not None
+    await node.fe.publisher.publish()  # settled: what it wrote is what the API shows
+    good = copy.deepcopy(_slice(node))
+    assert good is not None
+    store = node.api.store
+    spec = copy.deepcopy(good["spec"])
+    if edit == "capacity":
+        spec["devices"][0]["capacity"]["cores"]["value"] = "1000"
+    elif edit == "devices":
+        spec["devices"] = spec["devices"][:1]
+    elif edit == "node":
+        spec["nodeName"] = "node-b"
+    elif edit == "driver":
+        spec["driver"] = "gpu.example.com"
+    if edit == "deleted":
+        store.delete_object("resourceslices", SLICE)
+    else:
+        store.merge_patch_object("resourceslices", SLICE, {"spec": spec})
+    caplog.clear()
+    assert await node.fe.publisher.publish()
+    back = _slice(node)
+    assert back is not None
+    assert back["spec"]["devices"] == good["spec"]["devices"]
+    assert (back["spec"]["driver"], back["spec"]["nodeName"]) == (good["spec"]["driver"], NODE)
+    said = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+    assert "by someone else" in said and SLICE in said, said
