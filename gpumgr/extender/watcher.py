@@ -57,6 +57,7 @@ class Watcher:
         self._waiting: list[asyncio.Future[None]] = []  # relist() callers, completed after the next list
         self._resp: Any = None
         self._quick = Backoff()  # pauses after watches that end at once, across lists (a 410 loop)
+        self.bookmark_floods = 0  # watches ended because bookmarks came too fast (gpumgr.kube.pace)
         self.optional = optional
         self.absent = False  # the API does not serve the resource: the watcher has ended
         self._thread = threading.Thread(target=self._run, name=f"gpumgr-extender-watch-{resource}", daemon=True)
@@ -189,6 +190,7 @@ class Watcher:
                 raise
             self._resp = resp
             ended = False  # the server ended the stream: the connection may carry the next request
+            flooded = False  # bookmarks came too fast: the stream was cut, resume after a pause
             try:
                 if self._stop.is_set() or self._relist.is_set():  # asked for while the watch was opening
                     return
@@ -209,10 +211,16 @@ class Watcher:
                         out = self._transform(obj)
                         if out is not None:
                             self._post(self._on_event, kind, out)
-                    elif kind == "BOOKMARK":
-                        self._pace(pace)
-                ended = True
-                self._pause_if_quick(opened, events, backoff)
+                    elif kind == "BOOKMARK" and not pace.allow(time.monotonic()):
+                        log.warning("watch %s: the API server sends bookmarks faster than %g a second (after %d); "
+                                    "ending this watch, resuming after %.1fs", self.resource, pace.per_s,
+                                    pace.burst, backoff.current)
+                        self.bookmark_floods += 1
+                        flooded = True
+                        break  # cut: the connection is dropped with whatever the server queued on it
+                else:
+                    ended = True
+                    self._pause_if_quick(opened, events, backoff)
             except (OSError, ValueError, HTTPError) as e:
                 if self._stop.is_set() or self._relist.is_set():
                     return
@@ -225,14 +233,8 @@ class Watcher:
                     with contextlib.suppress(Exception):
                         resp.close()
                 resp.release_conn()
-
-    def _pace(self, pace: BookmarkPace) -> None:
-        wait = pace.delay(time.monotonic())
-        if wait > 0:
-            if pace.paced == 1:
-                log.warning("watch %s: the API server sends bookmarks faster than %g a second; reading them at "
-                            "that pace", self.resource, pace.per_s)
-            self._wake.wait(wait)  # stop and relist end the wait
+            if flooded:
+                self._wake.wait(backoff.next())  # after the connection is gone; stop and relist end it early
 
     def _pause_if_quick(self, opened: float, events: int, backoff: Backoff) -> None:
         if events == 0 and time.monotonic() - opened < QUICK_WATCH_S:

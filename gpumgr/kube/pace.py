@@ -5,10 +5,10 @@ the agent's pod cache): a broken or hostile server must cost a bounded amount of
   (checked on the bytes before decoding, gpumgr.serving.jsonbound), the whole list at most a per-resource item count;
   a server that ignores `limit` and answers everything at once is cut off with an error naming the bound.
 - A watch event is one line of at most `MAX_EVENT_BYTES`.
-- Bookmarks (events that change nothing) are paced by `BookmarkPace`: a burst, then a few a second. A server
-  sends one about a minute; an endless stream of them would otherwise keep a core busy decoding nothing.
-  Pacing by waiting (not by dropping the stream) makes the server wait too: the client stops reading, so TCP
-  holds the rest back and no memory grows.
+- Bookmarks (events that change nothing) are counted by `BookmarkPace`: a burst, then a few a second. A server
+  sends one about a minute; an endless stream of them would otherwise keep a core busy decoding nothing. Past
+  the pace the client ends the stream (dropping whatever the server has queued on it) and resumes from the last
+  version after a growing pause.
 - A watch that ends at once (410 Expired, or the stream closed right away) is opened again only after a growing
   pause (`Backoff`), never in a tight list-410-list loop.
 """
@@ -57,26 +57,24 @@ def page_count_cap(max_items: int, page: int) -> int:
 
 @dataclass
 class BookmarkPace:
-    """A token bucket for bookmarks: `delay(now)` is how long to wait before handling the next one."""
+    """A token bucket for the bookmarks of one watch stream: `allow(now)` is False once they come faster than
+    `per_s` after a burst of `burst`; the client then ends the stream and resumes after a pause (Backoff), so the
+    server's backlog is dropped with the connection (pacing by waiting instead would leave real events queued
+    behind thousands of buffered bookmarks)."""
 
     burst: int = BOOKMARK_BURST
     per_s: float = BOOKMARKS_PER_S
     tokens: float = field(default=float(BOOKMARK_BURST))
     last: float | None = None
-    paced: int = 0  # bookmarks that had to wait (for a log line and for tests)
 
-    def delay(self, now: float) -> float:
+    def allow(self, now: float) -> bool:
         if self.last is not None:
             self.tokens = min(float(self.burst), self.tokens + (now - self.last) * self.per_s)
         self.last = now
         if self.tokens >= 1.0:
             self.tokens -= 1.0
-            return 0.0
-        wait = (1.0 - self.tokens) / self.per_s
-        self.tokens = 0.0
-        self.last = now + wait
-        self.paced += 1
-        return wait
+            return True
+        return False
 
 
 @dataclass

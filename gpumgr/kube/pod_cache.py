@@ -44,6 +44,7 @@ class PodCache:
         self._task: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[], None]] = []
         self.lists = 0  # full lists done by the watch task (a resumed watch does none)
+        self.bookmark_floods = 0  # watches ended because bookmarks came too fast (gpumgr.kube.pace)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self, on_change: Callable[[], None] | None = None) -> None:
@@ -134,10 +135,11 @@ class PodCache:
                     self.lists += 1
                     self._replace(pods, rv)
                     self._synced.set()
-                began = loop.time()
+                began, floods = loop.time(), self.bookmark_floods
                 rv = await self._watch(rv)
                 failed_resumes = 0
-                if loop.time() - began < 1.0:  # a server that ends every watch at once must not be hammered
+                # a server that ends every watch at once, or floods it with bookmarks, must not be hammered
+                if loop.time() - began < 1.0 or self.bookmark_floods > floods:
                     await asyncio.sleep(_jitter(backoff))
                     backoff = min(backoff * 2, 10.0)
                 else:
@@ -171,11 +173,14 @@ class PodCache:
                 seen = (obj.get("metadata") or {}).get("resourceVersion")
                 if kind != "BOOKMARK":
                     self._apply(kind, obj)
-                elif (wait := pace.delay(asyncio.get_running_loop().time())) > 0:
-                    if pace.paced == 1:
-                        log.warning("pod watch on node %s: the API server sends bookmarks faster than %g a second; "
-                                    "reading them at that pace", self.node, pace.per_s)
-                    await asyncio.sleep(wait)  # not reading: the server waits on TCP, nothing piles up here
+                elif not pace.allow(asyncio.get_running_loop().time()):
+                    log.warning("pod watch on node %s: the API server sends bookmarks faster than %g a second "
+                                "(after %d); ending this watch, resuming after a pause", self.node, pace.per_s,
+                                pace.burst)
+                    self.bookmark_floods += 1
+                    if seen:
+                        rv = str(seen)
+                    return rv  # a quick end: the caller pauses (doubling) before it resumes
                 if seen:
                     rv = str(seen)
         return rv

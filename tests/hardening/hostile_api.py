@@ -18,6 +18,7 @@ import json
 import threading
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from aiohttp import web
 
@@ -139,3 +140,87 @@ class ThreadedHostileApi:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(30)
         self._loop.close()
+
+
+class SwitchingProxy:
+    """A proxy in front of a real (test) API server that can turn hostile: "pass" forwards every call (watches
+    streamed); "flood" answers lists with `huge_mib` MiB ignoring `limit`, watches with a flood of fat bookmarks
+    and anything else with 500; "expire" is the same with every watch answered 410 Gone (so the client lists
+    again, and again); "gone" drops every connection without an answer (a server away for minutes).
+    Switching mode cuts the streams in flight, so the client meets the new behaviour at once."""
+
+    def __init__(self, upstream: str, huge_mib: int = 256):
+        self.upstream = upstream.rstrip("/")
+        self.mode = "pass"
+        self.hostile = {"flood": HostileApi("huge", "bookmarks", huge_mib=huge_mib),
+                        "expire": HostileApi("huge", "gone", huge_mib=huge_mib)}
+        self.calls: dict[str, int] = {}
+        self._open: set[asyncio.BaseTransport] = set()
+        self._runner: web.AppRunner | None = None
+        self._session: Any = None
+        self.url = ""
+
+    def switch(self, mode: str) -> None:
+        self.mode = mode
+        for t in list(self._open):
+            t.close()
+        self._open.clear()
+
+    async def __aenter__(self) -> SwitchingProxy:
+        import aiohttp
+
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"  # type: ignore[attr-defined]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.switch("gone")
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.calls[self.mode] = self.calls.get(self.mode, 0) + 1
+        transport = request.transport
+        if self.mode == "gone":
+            if transport is not None:
+                transport.close()
+            raise asyncio.CancelledError
+        if transport is not None:
+            self._open.add(transport)
+        try:
+            if self.mode in self.hostile:
+                if request.method == "GET":
+                    return await self.hostile[self.mode]._handle(request)
+                return web.json_response({"kind": "Status", "code": 500, "message": "hostile"}, status=500)
+            return await self._forward(request)
+        except (ConnectionError, OSError):  # the stream was cut by a switch, or the client went away
+            if transport is not None:
+                transport.close()
+            raise asyncio.CancelledError from None
+        finally:
+            if transport is not None:
+                self._open.discard(transport)
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization", "accept")}
+        async with self._session.request(request.method, self.upstream + request.rel_url.path_qs, data=body or None,
+                                         headers=headers, allow_redirects=False) as up:
+            resp = web.StreamResponse(status=up.status,
+                                      headers={"Content-Type": up.headers.get("Content-Type", "application/json")})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            async for chunk in up.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
