@@ -6,6 +6,7 @@ Before the fix: OOM-killed in the cgroup (or peak RSS ~229 MiB without one); the
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -16,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from gpumgr.serving.body import Limits
 from tests.hardening.memcap import Capped, chart_memory_limit
 from tests.webhook.reviews import CORE, container, pod, review
 
@@ -70,5 +72,63 @@ def test_a_million_empty_objects_are_refused_within_the_charts_memory_limit(tmp_
               f"slowest refusal {max(a[2] for a in answers):.2f} s")
         assert peak < limit
     finally:
+        hook.close()
+    assert "Traceback" not in hook.output()
+
+
+def _max_elements_body(limit_bytes: int, elements: int) -> bytes:
+    """An AdmissionReview as costly to decode as the webhook admits: `elements` JSON elements, as unique keys
+    mapped to empty objects (the most Python memory per element), padded to `limit_bytes` with one string."""
+    pairs = elements // 2 - 64
+    obj = b"{" + b",".join(b'"k%07d":{}' % i for i in range(pairs)) + b"}"
+    head = json.dumps(review(pod(container("a", limits={CORE: "100"}))))[:-1].encode()
+    body = head + b',"flood":' + obj + b',"pad":"'
+    return body + b"x" * (limit_bytes - len(body) - 3) + b'"}'
+
+
+def _slow(port: int, size: int) -> Any:
+    """A connection that sends the headers and all but the last byte of a `size`-byte body, then waits."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+              % size)
+    with contextlib.suppress(OSError):  # refused (503) and closed while we sent
+        s.sendall(b" " * (size - 1))
+    return s
+
+
+def test_the_worst_load_the_webhook_admits_stays_within_the_charts_limit(tmp_path: Path) -> None:
+    """Item 8 of issue 18: the webhook's bodies in flight fill the budget its memory limit allows (slow uploads
+    of 4 MiB that never finish) while bodies of the most JSON elements it admits are decoded again and again."""
+    limit = chart_memory_limit("webhook")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMGR_")}
+    hook = Capped.start([sys.executable, "-m", "gpumgr.cli", "webhook", "--insecure-http", "--listen",
+                         f"127.0.0.1:{port}", "--memory-limit-bytes", str(limit)], limit, tmp_path / "webhook.log",
+                        env)
+    body = 4 * 2**20
+    heavy = _max_elements_body(body, body // 20)
+    held: list[Any] = []
+    try:
+        hook.wait_http(f"http://127.0.0.1:{port}/healthz")
+        budget = Limits(max_body_bytes=body, memory_limit_bytes=limit, json_bytes_per_element=20).budget_bytes
+        held = [_slow(port, body) for _ in range(budget // body - 1)]  # all the budget but one body
+        statuses = []
+        for _ in range(6):  # decoded one after another in the room left
+            status, doc, _ = _post(port, heavy)
+            statuses.append(status)
+            assert status == 200 and doc["response"]["allowed"] is True, (status, doc)
+        held += [_slow(port, body) for _ in range(32)]  # and more than the budget: refused 503 at once
+        assert hook.alive(), hook.output()
+        good = json.dumps(review(pod(container("t", limits={CORE: "100"})))).encode()
+        status, doc, _ = _post(port, good)
+        assert status == 503, (status, doc)  # the budget is full: a clear refusal, the process unharmed
+        peak = hook.peak_rss()
+        print(f"\nwebhook {hook.where}: {budget // body - 1} slow 4 MiB uploads held (budget {budget >> 20} MiB), "
+              f"6 bodies of {body // 20} JSON elements decoded beside them, 32 more uploads refused; "
+              f"peak RSS {peak / 2**20:.0f} MiB (limit {limit >> 20} MiB)")
+        assert peak < limit
+    finally:
+        for s in held:
+            s.close()
         hook.close()
     assert "Traceback" not in hook.output()
