@@ -126,3 +126,33 @@ async def test_the_agent_puts_its_slice_back_and_says_why(node: DraNode, caplog:
     assert (back["spec"]["driver"], back["spec"]["nodeName"]) == (good["spec"]["driver"], NODE)
     said = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
     assert "by someone else" in said and SLICE in said, said
+
+
+# -- thousands of claims on one node ---------------------------------------------------------------------------------
+def _forged_claim(node: DraNode, name: str, device: str) -> dict[str, Any]:
+    """A claim created with its allocation already in its status (as a scheduler, or someone with write access to
+    claims' status, would leave it): one share of `device`, 1 core and 256 MiB, reserved for a pod."""
+    result = {"request": "gpu", "driver": "vgpu.gpumgr.io", "pool": NODE, "device": device, "shareID": name,
+              "consumedCapacity": {"memory": "256Mi", "cores": "1"}}
+    return node.api.store.create_object("resourceclaims", {
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "vgpu.gpumgr.io"}}]}},
+        "status": {"allocation": {"devices": {"results": [result]}},
+                   "reservedFor": [{"resource": "pods", "name": f"pod-{name}", "uid": f"uid-{name}"}]}}, NS)
+
+
+async def test_two_thousand_claims_on_one_node_fill_it_and_the_rest_are_refused_one_by_one(node: DraNode) -> None:
+    claims = [_forged_claim(node, f"c{i:04d}", f"gpu-{i % 4}") for i in range(2000)]
+    errors: dict[str, str] = {}
+    for start in range(0, len(claims), 256):  # the kubelet sends at most 256 claims a call
+        batch = claims[start:start + 256]
+        resp = await prepare(node, *[(NS, c["metadata"]["name"], c["metadata"]["uid"]) for c in batch])
+        for c in batch:
+            errors[c["metadata"]["name"]] = resp.claims[c["metadata"]["uid"]].error
+    prepared = [n for n, e in errors.items() if not e]
+    # 4 cards of 16 GiB: 64 shares of 256 MiB each; every other claim refused with the reason, nothing half-done
+    assert len(prepared) == 256
+    refused = [e for e in errors.values() if e]
+    assert all("does not fit on node dra-node" in e for e in refused), refused[:3]
+    assert len(node.dra_allocations()) == 256
+    assert len(list(node.cfg.cdi_dir.glob("*"))) == 256
