@@ -16,11 +16,13 @@ the agent's pod cache): a broken or hostile server must cost a bounded amount of
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 MAX_PAGE_BYTES = 32 << 20  # one list page of 500 objects: ~10 MiB for pods heavy with managedFields
 MAX_PAGE_ELEMENTS = 1_000_000  # JSON keys/values per page (~100 MB decoded at most; 500 real pods are ~250,000)
+PAGE_DEADLINE_S = 120.0  # one list page, start to end (a 32 MiB page at a slow 1 MB/s takes ~35 s)
 MAX_EVENT_BYTES = 8 << 20  # one watch event: a pod is at most ~1.5 MiB in etcd
 BOOKMARK_BURST = 20
 BOOKMARKS_PER_S = 2.0
@@ -32,16 +34,23 @@ class ListTooLarge(ValueError):
     """A list answer beyond the bounds above; the message names the resource and the bound."""
 
 
-def read_capped(resp: Any, cap: int, what: str) -> bytes:
-    """The body of a urllib3 response (the `kubernetes` client's, `_preload_content=False`), at most `cap` bytes;
-    past that the connection is dropped (the rest is never read) and ListTooLarge says why."""
+def read_capped(resp: Any, cap: int, what: str, deadline_s: float | None = None) -> bytes:
+    """The body of a urllib3 response (the `kubernetes` client's, `_preload_content=False`), at most `cap` bytes
+    and within `deadline_s` (PAGE_DEADLINE_S by default: the client's read timeout is per read, so a server
+    trickling a byte now and then would otherwise hold the call forever); past either the connection is dropped
+    (the rest is never read) and ListTooLarge says why."""
     buf = bytearray()
+    until = time.monotonic() + (PAGE_DEADLINE_S if deadline_s is None else deadline_s)
     try:
         for chunk in resp.stream(1 << 16):
             buf += chunk
             if len(buf) > cap:
                 raise ListTooLarge(f"{what}: the API server's answer is over {cap} bytes; cut off (does it ignore "
                                    "`limit`?)")
+            if time.monotonic() > until:
+                raise ListTooLarge(f"{what}: the API server's answer did not arrive within "
+                                   f"{PAGE_DEADLINE_S if deadline_s is None else deadline_s:g} s ({len(buf)} bytes "
+                                   "so far); cut off")
     except BaseException:
         with contextlib.suppress(Exception):
             resp.close()  # mid-body: this connection must not carry another request

@@ -7,7 +7,8 @@
 
 List modes (every list of every resource): "huge" ignores `limit` and streams `huge_mib` MiB of pods in one
 answer; "many" ignores `limit` and answers `many` tiny objects at once; "endless" always answers one object and
-a `continue` token; "normal" answers an empty list. Watch modes: "bookmarks" streams fat bookmarks as fast as
+a `continue` token; "garbage" answers JSON cut in the middle; "trickle" sends a byte every 0.2 s, never ending;
+"normal" answers an empty list. Watch modes: "bookmarks" streams fat bookmarks as fast as
 the client reads them; "gone" answers 410 Gone at once; "hold" sends nothing and keeps the stream open.
 """
 
@@ -72,6 +73,20 @@ class HostileApi:
         if self.list_mode == "many":
             items = [{"metadata": {"name": f"o{i}", "uid": f"u{i}"}} for i in range(self.many)]
             return web.json_response({"kind": kind, "metadata": {"resourceVersion": "7"}, "items": items})
+        if self.list_mode == "garbage":
+            return web.Response(body=b'{"kind": "PodList", "items": [{"metadata": ', content_type="application/json")
+        if self.list_mode == "trickle":
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            try:
+                await resp.write(b'{"kind":"PodList","items":[')
+                while True:
+                    await asyncio.sleep(0.2)
+                    await resp.write(b" ")
+            except (ConnectionError, RuntimeError, asyncio.CancelledError):
+                pass
+            return resp
         if self.list_mode == "endless":
             n = self.lists
             return web.json_response({"kind": kind, "metadata": {"resourceVersion": "7", "continue": f"c{n}"},

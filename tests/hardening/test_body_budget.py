@@ -50,7 +50,7 @@ async def _slow_upload(port: int, hold: float) -> int:
         writer.close()
 
 
-async def test_sixteen_slow_32mib_uploads_stay_within_the_charts_memory_limit(tmp_path: Path) -> None:
+async def test_sixteen_slow_uploads_stay_within_the_charts_memory_limit(tmp_path: Path) -> None:
     limit = chart_memory_limit("extender")
     async with KubeApiServer() as api:
         for i in range(4):

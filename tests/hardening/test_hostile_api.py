@@ -125,6 +125,39 @@ async def test_the_extender_refuses_a_list_past_its_count(tmp_path: Path, caplog
     assert any(words in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records][-3:]
 
 
+async def test_malformed_and_trickled_lists_fail_with_a_clear_error(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpumgr.kube import pace
+    from gpumgr.kube.kubeconfig import load_kubeconfig
+    from gpumgr.kube.rest import KubeRest
+
+    monkeypatch.setattr(pace, "PAGE_DEADLINE_S", 2.0)
+    async with HostileApi("garbage") as api:
+        kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+        access = KubeAccess(kubeconfig)
+        kube = KubeClient.connect(kubeconfig)
+        try:
+            with pytest.raises(ApiCallError, match="will not decode"):
+                await asyncio.to_thread(access.list_page, "pods", 500, None)
+            with pytest.raises(ApiError, match="not JSON"):
+                await kube.list_node_pods("n")
+        finally:
+            access.close()
+            await kube.aclose()
+    async with HostileApi("trickle") as api:
+        kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+        access = KubeAccess(kubeconfig)
+        rest = KubeRest(load_kubeconfig(kubeconfig), read_timeout=1.0)  # the agent's: a total timeout per call
+        try:
+            with pytest.raises(ApiCallError, match="did not arrive within 2 s"):  # the kubernetes client's reads
+                await asyncio.to_thread(access.list_page, "pods", 500, None)  # time out per read only
+            with pytest.raises(TimeoutError):
+                await rest.request("GET", "/api/v1/pods")
+        finally:
+            access.close()
+            await rest.aclose()
+
+
 # -- watches ----------------------------------------------------------------------------------------------------
 async def test_an_endless_stream_of_bookmarks_is_read_at_a_bounded_pace_by_the_extender(tmp_path: Path) -> None:
     with ThreadedHostileApi("normal", "bookmarks") as api:
