@@ -134,8 +134,8 @@ def test_agent_changes_only_gpumgr_fields_of_its_pods(path: tuple[str, ...], val
     [
         (("spec", "taints"), [], "spec"),
         (("spec", "unschedulable"), True, "spec"),
-        (("metadata", "labels", "kubernetes.io/hostname"), "x", "node labels under gpumgr.io/"),
-        (("metadata", "labels", "node-role.kubernetes.io/control-plane"), "", "node labels under gpumgr.io/"),
+        (("metadata", "labels", "kubernetes.io/hostname"), "x", "node labels under gpumgr.io/ and gaia.tencent.com/gpu-model"),
+        (("metadata", "labels", "node-role.kubernetes.io/control-plane"), "", "node labels under gpumgr.io/ and gaia.tencent.com/gpu-model"),
     ],
     ids=["taints", "cordon", "hostname-label", "role-label"],
 )
@@ -249,3 +249,16 @@ def test_policy_covers_every_change_rbac_grants_the_agent(mode: str) -> None:
         for operation in rule["operations"]
     }
     assert mutating_grants(rendered) <= covered
+
+
+def test_agent_may_write_every_node_label_it_owns_in_one_patch() -> None:
+    # The agent sends its labels in one merge patch: gpumgr.io/ ones and gpu-manager's gaia.tencent.com/gpu-model.
+    # The policy used to allow only the prefix, so the real API server refused the whole patch at every start.
+    from gpumgr.node_labels import GAIA_MODEL_LABEL
+
+    node = a_node(ME)
+    both = changed(changed(node, ("metadata", "labels", "gpumgr.io/gpu.model"), "NVIDIA-A30"),
+                   ("metadata", "labels", GAIA_MODEL_LABEL), "A30")
+    assert update(policy(), "nodes", node, both).allowed
+    other = changed(node, ("metadata", "labels", "gaia.tencent.com/other"), "x")
+    assert not update(policy(), "nodes", node, other).allowed
