@@ -194,16 +194,6 @@ def slice_of(node: str) -> dict[str, Any]:
     }
 
 
-def claim_on(node: str) -> dict[str, Any]:
-    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "c", "namespace": "ml"},
-        "status": {"allocation": {"nodeSelector": {"nodeSelectorTerms": [term]}}},
-    }
-
-
 @pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])
 def test_dra_slices_of_its_own_node_only(operation: str) -> None:
     pol = policy({"agent": {"mode": "dra"}})
@@ -213,15 +203,6 @@ def test_dra_slices_of_its_own_node_only(operation: str) -> None:
         request = admission_request(AGENT_USER, operation, "resourceslices", group="resource.k8s.io", node=ME)
         verdict = run_policy(pol, request, obj, old)
         assert verdict.matched and verdict.allowed is allowed, (node, verdict.denied)
-
-
-def test_dra_claim_status_of_claims_on_its_own_node_only() -> None:
-    pol = policy({"agent": {"mode": "both"}})
-    for node, allowed in ((ME, True), (OTHER, False)):
-        claim = claim_on(node)
-        new = changed(claim, ("status", "devices"), [{"driver": "vgpu.gpumgr.io", "pool": node, "device": "gpu-0"}])
-        verdict = update(pol, "resourceclaims", claim, new, sub_resource="status", group="resource.k8s.io")
-        assert verdict.allowed is allowed, (node, verdict.denied)
 
 
 def mutating_grants(rendered: Rendered) -> set[tuple[str, str, str]]:
