@@ -73,9 +73,9 @@ def test_agent_may_annotate_pods_of_its_node_only(realk8s: Env, core: Any, other
     agent = agent_api(realk8s)
     w.create(core, w.plain_pod("mine", nodeName=NODE))
     w.create(core, w.plain_pod("theirs", nodeName=other_node))
-    # its own node's pod: allowed (before the policy tested has(request.subResource), this was a 422 evaluation
-    # error "no such key: subResource" for every write of the agent)
     agent.patch_namespaced_pod("mine", w.NAMESPACE, {"metadata": {"annotations": {"gpumgr.io/test": "1"}}})
+    # Refused with the policy's own message: before the policy tested has(request.subResource), the real API server
+    # (which leaves subResource out) refused with a 422 evaluation error "no such key: subResource" instead.
     status, body = refusal(lambda: agent.patch_namespaced_pod(
         "theirs", w.NAMESPACE, {"metadata": {"annotations": {"gpumgr.io/test": "1"}}}))
     assert status in (403, 422)
