@@ -134,7 +134,7 @@ class Gpumgr:
 
     def start_agent(self, node: Node, spec: Path) -> Proc:
         args = self.agent_args(node, spec)
-        proc = node.run_in_namespace(f"{node.name}-agent", [sys.executable, "-m", "gpumgr.cli", *args])
+        proc = node.run_in_namespace(f"{node.name}-agent", [sys.executable, "-m", "gpumgr.cli", *args], restart=True)
         self.agents[node.name] = proc
         return proc
 
@@ -160,7 +160,7 @@ class Gpumgr:
         self._stand_in_pod(pod_name, self.rendered.get("Deployment", self.name("extender")))
         env = {**_env(), "POD_NAME": pod_name, "POD_NAMESPACE": NAMESPACE}
         proc = Proc(f"extender-{replica}", [sys.executable, "-m", "gpumgr.cli", *self.extender_args(probe)],
-                    self.cluster.logs, env=env).start()
+                    self.cluster.logs, env=env, restart=True).start()
         self.cluster.procs.append(proc)
         self.extenders.append(proc)
         return proc
@@ -201,7 +201,7 @@ class Gpumgr:
                                          "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
                                          f"--authentication-kubeconfig={kubeconfig}",
                                          f"--authorization-kubeconfig={kubeconfig}"],
-                    self.cluster.logs).start()
+                    self.cluster.logs, restart=True).start()
         self.cluster.procs.append(proc)
         self.scheduler = proc
         return proc
@@ -215,7 +215,8 @@ class Gpumgr:
                  "--tls-key-file": str(serving.key)}
         args = [f"{a.partition('=')[0]}={paths[a.partition('=')[0]]}" if a.partition("=")[0] in paths else a
                 for a in rendered]
-        proc = Proc("webhook", [sys.executable, "-m", "gpumgr.cli", *args], self.cluster.logs, env=_env()).start()
+        proc = Proc("webhook", [sys.executable, "-m", "gpumgr.cli", *args], self.cluster.logs, env=_env(),
+                    restart=True).start()
         self.cluster.procs.append(proc)
         self.webhook = proc
         return proc
