@@ -235,7 +235,7 @@ def test_policy_covers_every_change_rbac_grants_the_agent(mode: str) -> None:
 def test_agent_may_write_every_node_label_it_owns_in_one_patch() -> None:
     # The agent sends its labels in one merge patch: gpumgr.io/ ones and gpu-manager's gaia.tencent.com/gpu-model.
     # The policy used to allow only the prefix, so the real API server refused the whole patch at every start.
-    from gpumgr.node_labels import GAIA_MODEL_LABEL
+    from gpumgr.node.labels import GAIA_MODEL_LABEL
 
     node = a_node(ME)
     both = changed(changed(node, ("metadata", "labels", "gpumgr.io/gpu.model"), "NVIDIA-A30"),
