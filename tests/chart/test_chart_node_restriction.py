@@ -129,13 +129,16 @@ def test_agent_changes_only_gpumgr_fields_of_its_pods(path: tuple[str, ...], val
     assert len(verdict.denied) == 1 and message in verdict.denied[0], verdict.denied
 
 
+LABELS_MESSAGE = "node labels under gpumgr.io/ and gaia.tencent.com/gpu-model"
+
+
 @pytest.mark.parametrize(
     ("path", "value", "message"),
     [
         (("spec", "taints"), [], "spec"),
         (("spec", "unschedulable"), True, "spec"),
-        (("metadata", "labels", "kubernetes.io/hostname"), "x", "node labels under gpumgr.io/ and gaia.tencent.com/gpu-model"),
-        (("metadata", "labels", "node-role.kubernetes.io/control-plane"), "", "node labels under gpumgr.io/ and gaia.tencent.com/gpu-model"),
+        (("metadata", "labels", "kubernetes.io/hostname"), "x", LABELS_MESSAGE),
+        (("metadata", "labels", "node-role.kubernetes.io/control-plane"), "", LABELS_MESSAGE),
     ],
     ids=["taints", "cordon", "hostname-label", "role-label"],
 )
