@@ -32,8 +32,10 @@ def apis(realk8s: Env) -> Any:
 
 
 def claim(name: str, device_class: str, capacity: dict[str, str] | None = None, count: int = 1,
-          same_nvlink: bool = False) -> dict[str, Any]:
+          same_nvlink: bool = False, minor: str | None = None) -> dict[str, Any]:
     exactly: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
+    if minor is not None:
+        exactly["selectors"] = [{"cel": {"expression": f'device.attributes["{DRIVER}"].minor == {int(minor)}'}}]
     if capacity:
         exactly["capacity"] = {"requests": capacity}
     devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
@@ -159,3 +161,27 @@ def _find_limits(root: Path, core_limit: str) -> dict[str, str]:
         if kv.get("core_limit") == core_limit:
             return kv
     raise AssertionError(f"no limits file with core_limit={core_limit} under {root}")
+
+
+def test_both_mode_pod_and_claims_share_a_card_without_over_commit(realk8s: Env, apis: Any) -> None:
+    core, custom = apis
+    w.create(core, w.gpu_pod("dp-60", cores=60, memory_units=16))
+    pod = w.wait_running(core, "dp-60")
+    minor = pod.metadata.annotations["tencent.com/predicate-gpu-idx-0"]
+    # the card's slice now offers what the pod leaves (40 cores): a 30-core claim on it is allocated and runs ...
+    share = {"memory": "2Gi", "cores": "30"}
+    custom.create_namespaced_custom_object("resource.k8s.io", "v1", w.NAMESPACE, "resourceclaims",
+                                           claim("beside-1", DRIVER, share, minor=minor))
+    w.create(core, claim_pod("beside-1", "beside-1"))
+    w.wait_running(core, "beside-1")
+    # ... and a second one (60 + 30 + 30 > 100) is not
+    custom.create_namespaced_custom_object("resource.k8s.io", "v1", w.NAMESPACE, "resourceclaims",
+                                           claim("beside-2", DRIVER, share, minor=minor))
+    w.create(core, claim_pod("beside-2", "beside-2"))
+
+    def unschedulable() -> bool:
+        found = core.read_namespaced_pod("beside-2", w.NAMESPACE).status.conditions or []
+        return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in found)
+
+    wait_for("the over-committing claim refused by the scheduler", unschedulable, 60)
+    assert "allocation" not in get_claim(custom, "beside-2").get("status", {})
