@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
 import time
 from collections import defaultdict
 from typing import Any
+
+import pytest
 
 from gpumgr.requests import podspec
 from gpumgr.sim.kubeapi import KubeApiServer
@@ -109,34 +110,44 @@ async def test_a_failed_binding_takes_back_annotations_and_cards(api: KubeApiSer
     assert await ext.bind(nxt, "solo") == ""
 
 
-async def test_bind_retries_when_the_pod_changes_meanwhile(api: KubeApiServer, start_extender: Any) -> None:
+async def test_bind_retries_when_the_pod_changes_meanwhile(api: KubeApiServer, start_extender: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another controller writes the pod just before each of the extender's first two annotation patches and
+    just before its first Binding lands: every one of those writes meets a newer resourceVersion (409), and the
+    extender reads the pod again and retries, overwriting nobody. Deterministic: the churn is tied to the
+    extender's own requests, not to a timer racing them (that version failed on a loaded machine)."""
     api.store.create_node(node("n", inventory(1)))
     p = api.store.create_pod(pod("p", [(30, 8)]))
     ext = await start_extender()
-    stop = threading.Event()
+    store = api.store
+    real_patch, real_bind = store.patch, store.bind
+    churned: list[str] = []
 
-    def churn() -> None:  # another controller keeps updating the pod: the extender's copy goes stale
-        for i in range(40):
-            if stop.is_set():
-                return
-            api.store.merge_patch_pod("default", "p", {"metadata": {"labels": {f"churn-{i}": "x"}}})
-            time.sleep(0.002)
+    def churn(before: str) -> None:
+        churned.append(before)
+        store.merge_patch_pod("default", "p", {"metadata": {"labels": {f"churn-{len(churned)}": "x"}}})
 
-    worker = threading.Thread(target=churn)
-    worker.start()
-    try:
-        await asyncio.sleep(0.01)
-        error = await ext.bind(p, "n")
-    finally:
-        stop.set()
-        worker.join(timeout=5)
+    def patch(resource: str, namespace: str | None, name: str, apply: Any, **kw: Any) -> Any:
+        if resource == "pods" and name == "p" and churned.count("patch") < 2:
+            churn("patch")
+        return real_patch(resource, namespace, name, apply, **kw)
+
+    def bind(namespace: str, name: str, node_name: str, **kw: Any) -> Any:
+        if name == "p" and "bind" not in churned:
+            churn("bind")
+        return real_bind(namespace, name, node_name, **kw)
+
+    monkeypatch.setattr(store, "patch", patch)
+    monkeypatch.setattr(store, "bind", bind)
+    error = await ext.bind(p, "n")
 
     assert error == ""
+    assert churned == ["patch", "patch", "bind"]  # each retry loop met a conflict and went on
     current = api.store.get_pod("default", "p")
     assert current is not None
     assert current["spec"]["nodeName"] == "n"
     assert current["metadata"]["annotations"][f"{podspec.ANN_PREDICATE_IDX}0"] == "0"
-    assert "churn-0" in current["metadata"]["labels"]  # a merge patch: nobody's change was overwritten
+    assert {"churn-1", "churn-2", "churn-3"} <= set(current["metadata"]["labels"])  # nobody's change overwritten
 
 
 async def test_fifty_concurrent_binds_never_double_book_a_card(api: KubeApiServer, start_extender: Any) -> None:
