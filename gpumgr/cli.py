@@ -19,7 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     from gpumgr.devices.types import DiscoveryError
-    from gpumgr.docfile import InputError
+    from gpumgr.files.docfile import InputError
 
     try:
         return int(args.func(args) or 0)

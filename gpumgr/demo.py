@@ -22,13 +22,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpumgr import podspec
 from gpumgr.devices.spec import load_node_spec
 from gpumgr.devices.types import Inventory
 from gpumgr.dra.config import DRIVER_NAME
-from gpumgr.render import render_cards, render_tree
+from gpumgr.requests import podspec
 from gpumgr.sim.node import Container, SimNode
 from gpumgr.sim.scheduler import SchedulerEmulator
+from gpumgr.topology.render import render_cards, render_tree
 
 
 class Demo:
@@ -249,9 +249,9 @@ class Demo:
         """A pod with one ResourceClaim (from a template, one per pod, as fractional claims must be): the
         scheduler stand-in allocates it from the node's ResourceSlice, the kubelet's DRA side prepares it through
         the agent's dra.sock; then the claim's allocation and the limits file of its vDevice directory."""
-        from gpumgr.dra import quantity
-        from gpumgr.dra_results import gpu_index
         from gpumgr.node.claims import claim_keys, vdevice_key
+        from gpumgr.requests import quantity
+        from gpumgr.requests.claim_results import gpu_index
         from gpumgr.sim.dra_scheduler import Unschedulable
         from gpumgr.sim.kubelet.dra_kubelet import DraPrepareError
         from gpumgr.vdevice.limits import Limits

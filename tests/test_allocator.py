@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gpumgr.allocator import Allocation, InvalidRequest, Ledger, LedgerError, NoFit, Request, choose
 from gpumgr.devices.topo_text import parse_topo_text
-from gpumgr.topology import Topology
+from gpumgr.topology.cost import Topology
 from tests.helpers import TOPO_FILES, topo_path
 
 MEM = 16384

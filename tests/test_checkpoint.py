@@ -10,7 +10,7 @@ import stat
 import pytest
 
 from gpumgr.allocator import Allocation, ClaimHolder, ContainerHolder, Ledger, LedgerError
-from gpumgr.checkpoint import CheckpointError, CheckpointStore
+from gpumgr.node.checkpoint import CheckpointError, CheckpointStore
 from gpumgr.vdevice.layout import allocation_key
 from tests.helpers import FIXTURES
 
@@ -93,7 +93,7 @@ def test_an_over_committed_ledger_is_refused(tmp_path):
     store.save(ledger_with(A))
     doc = json.loads(store.path.read_text())
     doc["ledger"]["allocations"].append({"key": allocation_key(["x"]), "cards": [0], "cores": 100, "memory_mib": 0})
-    from gpumgr.checkpoint import checksum
+    from gpumgr.node.checkpoint import checksum
 
     doc.pop("checksum")
     doc["checksum"] = checksum(doc)
@@ -113,7 +113,7 @@ def test_generations_continue_after_a_restart(tmp_path):
 
 # -- hostile documents: every one is a bad generation (the agent falls back to .prev), never a crash ------------------
 def resign(doc: dict) -> str:
-    from gpumgr.checkpoint import checksum
+    from gpumgr.node.checkpoint import checksum
 
     body = {k: v for k, v in doc.items() if k != "checksum"}
     return json.dumps({**body, "checksum": checksum(body)})
@@ -291,7 +291,7 @@ def test_a_malformed_version_1_allocation_is_refused(tmp_path, damage):
 
 
 def test_an_oversized_file_is_refused_without_parsing(tmp_path, monkeypatch):
-    import gpumgr.checkpoint as ck
+    import gpumgr.node.checkpoint as ck
 
     store = two_generations(tmp_path)
     monkeypatch.setattr(ck, "MAX_BYTES", 4096)
@@ -473,7 +473,7 @@ def random_ledger(rng) -> Ledger:
 def test_any_ledger_the_constructors_allow_reads_back_equal(seed):
     import random
 
-    from gpumgr.checkpoint import decode, encode
+    from gpumgr.node.checkpoint import decode, encode
 
     ledger = random_ledger(random.Random(seed))
     back = decode(encode(ledger, 1, "n1"), "mem", "n1").ledger

@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpumgr.allocator import Allocation, Ledger, NoFit, Request, choose
-from gpumgr.choices import (
+from gpumgr.devices.topo_text import parse_topo_text
+from gpumgr.devices.types import GPU, Inventory
+from gpumgr.requests.choices import (
     ANN_CORDON,
     ANN_POLICY,
     ANN_UUID_EXCLUDE,
@@ -30,9 +32,7 @@ from gpumgr.choices import (
     pod_choices,
     pod_choices_of,
 )
-from gpumgr.devices.topo_text import parse_topo_text
-from gpumgr.devices.types import GPU, Inventory
-from gpumgr.topology import Topology
+from gpumgr.topology.cost import Topology
 from tests.helpers import TOPO_FILES, topo_path
 
 MEM = 16384

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from gpumgr.allocator import Allocation, ContainerHolder, Ledger
-from gpumgr.checkpoint import CheckpointStore
+from gpumgr.node.checkpoint import CheckpointStore
 from tests.helpers import topo_path
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpumgr.commands.common import MIN_SECONDS, seconds_flag, whole_flag
-from gpumgr.docfile import InputError
+from gpumgr.files.docfile import InputError
 
 
 @pytest.mark.parametrize("text", ["1_000", "+5", "5e2", "٣٠", "３０", "-1", "", "0x10", "1.0", " "])

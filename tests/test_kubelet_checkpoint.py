@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumgr.kubelet_checkpoint import (
+from gpumgr.node.kubelet_checkpoint import (
     CHECKPOINT_FILE_NAME,
     KubeletCheckpointError,
     PodDeviceEntry,

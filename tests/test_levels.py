@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpumgr import levels
+from gpumgr.topology import levels
 
 
 @pytest.mark.parametrize("text", ["NV٣", "NV３", "NV" + "9" * 4, "NV0", "NV-1"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpumgr import podspec
+from gpumgr.requests import podspec
 
 
 @pytest.mark.parametrize(("raw", "want"), [("30", 30), (30, 30), ("1k", 1000), ("2e3", 2000), ("1000m", 1),

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gpumgr.devices import SimulatedBackend, load_node_spec
-from gpumgr.docfile import InputError
+from gpumgr.files.docfile import InputError
 from tests.helpers import topo_path
 
 SPEC = """\

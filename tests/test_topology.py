@@ -8,8 +8,8 @@ import pytest
 
 from gpumgr.allocator import Ledger
 from gpumgr.devices.topo_text import parse_topo_text
-from gpumgr.render import render_tree
-from gpumgr.topology import Topology, TreeNode
+from gpumgr.topology.cost import Topology, TreeNode
+from gpumgr.topology.render import render_tree
 from tests.helpers import TOPO_FILES, topo_path
 
 
@@ -136,7 +136,7 @@ def test_without_numa_nothing_changes():
 
 
 def test_tree_text_comes_with_the_level_matrix():
-    from gpumgr.render import render_levels
+    from gpumgr.topology.render import render_levels
 
     topo = topology_of(topo_path("p40"))
     lines = render_levels(topo).splitlines()
@@ -148,7 +148,7 @@ def test_tree_text_comes_with_the_level_matrix():
 def test_card_table_says_used_like_gpumgr_status():
     """`checkpoint show` and the demo print this table; `gpumgr status` counts what is USED: so does it."""
     from gpumgr.allocator import Allocation
-    from gpumgr.render import render_cards
+    from gpumgr.topology.render import render_cards
 
     ledger = Ledger([16384, 16384])
     ledger.assign(Allocation("default/p/main", (1,), 30, 1024))

@@ -14,24 +14,27 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpumgr import node_inventory, podspec, vdriver
 from gpumgr.agent.config import AgentConfig
+from gpumgr.agent.ports import ServiceConfig
 from gpumgr.agent.reconcile import reconcile
-from gpumgr.agent.service import AllocationService, ServiceConfig
-from gpumgr.cgroups import CgroupReader
-from gpumgr.checkpoint import CheckpointStore
-from gpumgr.choices import CordonWatch
+from gpumgr.agent.service import AllocationService
 from gpumgr.deviceplugin.response import ResponseConfig
 from gpumgr.deviceplugin.servicer import PluginServicer
 from gpumgr.deviceplugin.supervisor import PluginSpec, PluginSupervisor
 from gpumgr.devices.backend import Backend
 from gpumgr.dra.config import mode_of
-from gpumgr.health import HealthConfig, HealthMonitor
+from gpumgr.health.monitor import HealthConfig, HealthMonitor
 from gpumgr.kube.client import KubeClient
 from gpumgr.kube.pod_cache import PodCache
 from gpumgr.metrics import AgentMetrics, MetricsServer, UsageReader, build_app, parse_addr, start_http
+from gpumgr.node import inventory as node_inventory
+from gpumgr.node.cgroups import CgroupReader
+from gpumgr.node.checkpoint import CheckpointStore
+from gpumgr.node.labels import labels_patch, node_labels
 from gpumgr.node.state import NodeState, load_checkpoint
-from gpumgr.node_labels import labels_patch, node_labels
+from gpumgr.requests import podspec
+from gpumgr.requests.choices import CordonWatch
+from gpumgr.vdevice import vdriver
 from gpumgr.vdevice.layout import VDeviceLayout
 from gpumgr.vdevice.server import VDeviceManager
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpumgr import podspec
 from gpumgr.allocator import Allocation, InvalidRequest, Ledger, NoFit, Request, choose
-from gpumgr.binding import Candidate
-from gpumgr.choices import (
+from gpumgr.devices.types import GPU
+from gpumgr.node.binding import Candidate
+from gpumgr.requests import podspec
+from gpumgr.requests.choices import (
     DEFAULT_POLICY,
     NO_CHOICES,
     NO_CORDON,
@@ -26,8 +27,7 @@ from gpumgr.choices import (
     allowed_cards,
     pod_choices_of,
 )
-from gpumgr.devices.types import GPU
-from gpumgr.topology import Topology
+from gpumgr.topology.cost import Topology
 
 
 def memory_of(cand: Candidate, unit_mib: int) -> int:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpumgr.kubelet_checkpoint import (
+from gpumgr.node.kubelet_checkpoint import (
     CHECKPOINT_FILE_NAME,
     KubeletCheckpoint,
     KubeletCheckpointError,

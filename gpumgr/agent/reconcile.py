@@ -13,17 +13,18 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 
-from gpumgr import binding, podspec
 from gpumgr.agent.gone import gone
 from gpumgr.agent.service import AllocationService
 from gpumgr.agent.truth import apply_truths
 from gpumgr.allocator import Allocation, Ledger
 from gpumgr.deviceplugin import ids as devids
 from gpumgr.kube.pod_cache import mirror_of
-from gpumgr.kubelet_checkpoint import KubeletCheckpointError
+from gpumgr.node import binding
 from gpumgr.node.claims import is_claim
+from gpumgr.node.kubelet_checkpoint import KubeletCheckpointError
 from gpumgr.node.owner import allocation_for
 from gpumgr.node.vdevices import start_server, sweep_orphans
+from gpumgr.requests import podspec
 from gpumgr.vdevice.layout import allocation_key
 
 log = logging.getLogger("gpumgr.reconcile")

@@ -1,63 +1,31 @@
-"""Settling guesses as soon as the kubelet names their owners, and failing a pod that can never fit: part of the
-device-plugin front end's `AllocationService` (a mixin of it), kept apart from the plugin calls themselves.
+"""Settling guesses as soon as the kubelet names their owners: part of the device-plugin front end's
+`AllocationService`, kept apart from the plugin calls themselves.
 
 The kubelet writes its checkpoint once a container's resources are allocated, usually long before the container
 starts; every GetPreferredAllocation and Allocate settles the guesses it names (see docs/architecture.md). A
-container the kubelet admitted where it cannot run has its pod failed, at settling or at PreStartContainer.
+container the kubelet admitted where it cannot run has its pod failed (podwrites.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
 
-from gpumgr import binding, podspec
+from gpumgr.agent.base import identity
+from gpumgr.agent.podwrites import PodWrites
 from gpumgr.agent.truth import apply_truths
 from gpumgr.allocator import Allocation, Ledger
-from gpumgr.kubelet_checkpoint import KubeletCheckpoint
+from gpumgr.node import binding
 from gpumgr.node.claims import is_claim
+from gpumgr.node.kubelet_checkpoint import KubeletCheckpoint
+from gpumgr.requests import podspec
 from gpumgr.vdevice.layout import allocation_key
-
-if TYPE_CHECKING:
-    from gpumgr.agent.service import Annotator, PodSource
-    from gpumgr.node.state import NodeState
-    from gpumgr.vdevice.server import VDeviceManager
 
 log = logging.getLogger("gpumgr.agent")
 
-FAIL_ATTEMPTS, FAIL_RETRY_S = 4, 0.5  # marking a pod Failed: attempts, and the first pause between them
-FAILING_KEPT = 1024  # pods decided to fail at PreStart that are remembered (their later PreStarts are refused)
-FAIL_REASON = "GPUAllocationUnfit"  # pod condition and event reason when a pod is failed at PreStart
 
-
-class Settling:
-    """What `AllocationService` settles and fails; it provides the state and the helpers declared here."""
-
-    state: NodeState
-    pods: PodSource
-    vdevices: VDeviceManager
-    annotator: Annotator | None
-    prestart_failures: int  # pods failed because they could not be made to fit
-    _failing: OrderedDict[str, str]  # uid -> why, of pods failed (their later PreStarts are refused)
-    _api_slots: asyncio.Semaphore
-
-    if TYPE_CHECKING:
-        async def _dead_holders(self, allocs: list[Allocation], ckpt: KubeletCheckpoint | None) \
-            -> list[Allocation]: ...
-
-        def _holders_on(self, cards: tuple[int, ...] | None, skip: list[Allocation]) -> list[Allocation]: ...
-
-        def _allocation_for(self, cand: binding.Candidate, cards: tuple[int, ...], key: str,
-                            verified: bool = False, ids: list[str] | None = None) -> Allocation: ...
-
-        async def release(self, keys: list[str], why: str, unverified_only: bool = False,
-                          expect: Mapping[str, Allocation] | None = None) -> list[Allocation]: ...
-
-        def _background(self, coro: Any) -> None: ...
+class Settling(PodWrites):
+    """Settles the guesses the kubelet checkpoint names the owner of."""
 
     async def _settle(self, ckpt: KubeletCheckpoint | None) -> None:
         """Guesses the kubelet checkpoint already names the owner of (admitted, not yet started) take that owner
@@ -126,51 +94,3 @@ class Settling:
             truths.append(replace(truth, memory_mib=max([truth.memory_mib, *riders]) if ask.cores < 100 else 0,
                                   answered_memory_mib=have.answered_memory_mib))
         return truths
-
-    async def _fail_pod(self, pod: Mapping[str, Any], container: str, key: str, why: str) -> None:
-        """A container that can never be given what it asks: the pod is marked Failed with a condition and an event
-        that say why and what to do (in the background), its later PreStarts are refused, and what it holds that
-        no started container uses is freed: `key` and the pod's other unverified allocations. Verified ones belong
-        to containers that are running; reconcile frees them once the pod is really terminal."""
-        self.prestart_failures += 1
-        meta = pod["metadata"]
-        uid = str(meta["uid"])
-        message = (f"container {container}: {why}. The GPU share it was admitted with cannot hold it; delete the pod "
-                   "(its controller recreates it) so that it is admitted again where it fits")
-        log.error("prestart: failing pod %s/%s: %s (failures so far: %d)", meta.get("namespace"), meta.get("name"),
-                  message, self.prestart_failures)
-        self._failing[uid] = message
-        while len(self._failing) > FAILING_KEPT:
-            self._failing.popitem(last=False)
-        mine = [a.key for a in self.state.ledger.allocations.values()
-                if (a.pod_uid == uid or a.key == key) and not is_claim(a) and not a.verified]
-        await self.release(mine, "its pod was failed at PreStartContainer", unverified_only=True)
-        if self.annotator is not None:
-            self._background(self._mark_failed(pod, message))
-
-    async def _mark_failed(self, pod: Mapping[str, Any], message: str) -> None:
-        """The event, then the Failed status (retried a few times: until it is written, the pod's containers that
-        were started keep running and their shares stay held)."""
-        meta = pod["metadata"]
-        if self.annotator is None:
-            return
-        try:
-            async with self._api_slots:
-                await self.annotator.record_event(pod, FAIL_REASON, message)
-        except Exception as e:  # noqa: BLE001 - the refusal still tells the kubelet
-            log.warning("could not record the event of failing pod %s/%s: %s", meta.get("namespace"),
-                        meta.get("name"), e)
-        for attempt in range(FAIL_ATTEMPTS):
-            try:
-                async with self._api_slots:
-                    await self.annotator.fail_pod(str(meta.get("namespace", "default")), str(meta["name"]),
-                                                  FAIL_REASON, message)
-                return
-            except Exception as e:  # noqa: BLE001 - its PreStarts are refused all the same
-                log.warning("could not mark pod %s/%s Failed (attempt %d of %d): %s", meta.get("namespace"),
-                            meta.get("name"), attempt + 1, FAIL_ATTEMPTS, e)
-            await asyncio.sleep(FAIL_RETRY_S * 2 ** attempt)
-
-
-def identity(a: Allocation) -> tuple[str, str]:
-    return a.pod_uid, a.container

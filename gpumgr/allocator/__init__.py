@@ -1,7 +1,7 @@
 """Choosing cards: the ledger of what is held, and the link / fragment / share evaluators.
 
 `choose` is a pure function of (topology, ledger, request[, allowed cards, policy]): it never changes the ledger.
-The allowed cards and the policy come from the pod's annotations and the node's cordon (gpumgr/choices.py);
+The allowed cards and the policy come from the pod's annotations and the node's cordon (gpumgr/requests/choices.py);
 without them the choice is the default one.
 """
 
@@ -25,8 +25,8 @@ from gpumgr.allocator.ledger import (
 from gpumgr.allocator.link import choose_link
 from gpumgr.allocator.request import HUNDRED, InvalidRequest, Request
 from gpumgr.allocator.share import choose_share
-from gpumgr.choices import DEFAULT_POLICY, POLICIES, Policy
-from gpumgr.topology import Topology
+from gpumgr.requests.choices import DEFAULT_POLICY, POLICIES, Policy
+from gpumgr.topology.cost import Topology
 
 __all__ = [
     "DEFAULT_POLICY", "HUNDRED", "Allocation", "CardState", "ClaimHolder", "ContainerHolder", "Holder", "Holding",

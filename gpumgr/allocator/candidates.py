@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gpumgr.allocator.ledger import Ledger
-from gpumgr.levels import LevelKey
-from gpumgr.topology import Topology
+from gpumgr.topology.cost import Topology
+from gpumgr.topology.levels import LevelKey
 
 
 def free_cards(ledger: Ledger) -> list[int]:

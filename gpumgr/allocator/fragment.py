@@ -7,7 +7,8 @@ well-connected free groups (and whole NUMA nodes) stay intact for link requests.
 
 `spread` takes the free card farthest from the cards already in use (its links to the busy cards are the worst),
 so pods land on different switches and sockets; ties are broken by the order above. `allowed` (per-pod choices
-and the node's cordon, gpumgr/choices.py) narrows the cards it may take; all free cards still count in the scores.
+and the node's cordon, gpumgr/requests/choices.py) narrows the cards it may take; all free cards still count in
+the scores.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from collections.abc import Collection
 from gpumgr.allocator.candidates import free_cards, group_pressure, isolation
 from gpumgr.allocator.errors import NoFit
 from gpumgr.allocator.ledger import Ledger
-from gpumgr.choices import DEFAULT_POLICY, Policy
-from gpumgr.topology import Topology
+from gpumgr.requests.choices import DEFAULT_POLICY, Policy
+from gpumgr.topology.cost import Topology
 
 _RANKED: weakref.WeakKeyDictionary[Topology, dict[tuple[int, ...], tuple[int, ...]]] = weakref.WeakKeyDictionary()
 MAX_RANKED = 4096  # free-card sets remembered per topology (2^n for nodes of up to 12 cards)

@@ -8,8 +8,8 @@ well-connected groups intact), then the lowest card numbers. Small cliques are s
 greedily on cost (the worst link stays optimal either way). On a node with few cards, where every clique is
 searched exhaustively, the sets are enumerated directly instead (`_small`): the same sets, scored the same way.
 
-`allowed` (per-pod card choices and the node's cordon, see gpumgr/choices.py) narrows the cards the set may take;
-the free cards outside it still count when judging which groups a choice breaks. Every policy takes the same set
+`allowed` (per-pod card choices and the node's cordon, see gpumgr/requests/choices.py) narrows the cards the set may
+take; the free cards outside it still count when judging which groups a choice breaks. Every policy takes the same set
 here: several whole cards are asked for their links, so the best worst link comes first.
 """
 
@@ -24,8 +24,8 @@ from math import comb
 from gpumgr.allocator.candidates import free_cards, snugness
 from gpumgr.allocator.errors import NoFit
 from gpumgr.allocator.ledger import Ledger
-from gpumgr.levels import LevelKey
-from gpumgr.topology import Topology
+from gpumgr.topology.cost import Topology
+from gpumgr.topology.levels import LevelKey
 
 EXHAUSTIVE_LIMIT = 400  # subsets of one clique scored one by one; above this, greedy by cost
 

@@ -9,7 +9,7 @@ default).
 before fit is looked at, so on a node of mixed cards a share never breaks a well-linked free group to fit
 tighter. `spread`: the emptiest card first (most free cores, then most free memory), free cards included, then
 the free card farthest from the cards in use (as fragment's `spread` takes them). `allowed`
-(gpumgr/choices.py) narrows the cards it may take.
+(gpumgr/requests/choices.py) narrows the cards it may take.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from gpumgr.allocator.errors import NoFit
 from gpumgr.allocator.fragment import rank_free, rank_spread
 from gpumgr.allocator.ledger import CardState, Ledger
 from gpumgr.allocator.request import Request
-from gpumgr.choices import DEFAULT_POLICY, Policy
-from gpumgr.topology import Topology
+from gpumgr.requests.choices import DEFAULT_POLICY, Policy
+from gpumgr.topology.cost import Topology
 
 
 def choose_share(topo: Topology, ledger: Ledger, req: Request, allowed: Collection[int] | None = None,

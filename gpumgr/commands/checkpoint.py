@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from gpumgr.checkpoint import FILE_NAME, CheckpointStore
+    from gpumgr.node.checkpoint import FILE_NAME, CheckpointStore
 
     path = Path(args.path)
     # a directory, the current file or its `.prev`: either way both generations are read, as the agent reads them
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
 def render_ledger(ledger: Ledger) -> str:
     """The card table with the columns of `gpumgr status`: what is USED and ALLOCATED on each card."""
-    from gpumgr.render import holder_name, table
+    from gpumgr.topology.render import holder_name, table
 
     rows: list[tuple[str, ...]] = [("GPU", "MODE", "CORES USED", "MEMORY ALLOCATED", "HOLDERS")]
     for c in ledger.cards:

@@ -8,8 +8,8 @@ import re
 from typing import TYPE_CHECKING
 
 from gpumgr.devices.types import Inventory
-from gpumgr.docfile import InputError
-from gpumgr.podspec import ascii_uint
+from gpumgr.files.docfile import InputError
+from gpumgr.requests.podspec import ascii_uint
 
 if TYPE_CHECKING:
     import asyncio

@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     from pathlib import Path
 
-    from gpumgr.docfile import InputError
+    from gpumgr.files.docfile import InputError
 
     if not 0 <= args.metrics_port <= 65535:
         raise InputError(f"--metrics-port must be 0..65535, got {args.metrics_port}")

@@ -14,9 +14,9 @@ from gpumgr.commands.common import (
     stop_on_signals,
     whole_flag,
 )
-from gpumgr.docfile import InputError
 from gpumgr.dra.config import driver_name_problem
-from gpumgr.httpbody import (  # the defaults and bounds of Limits; a light module (no aiohttp at import)
+from gpumgr.files.docfile import InputError
+from gpumgr.serving.body import (  # the defaults and bounds of Limits; a light module (no aiohttp at import)
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEADER_TIMEOUT,
     DEFAULT_MAX_BODY,
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _limits(args: argparse.Namespace) -> Any:
-    from gpumgr.httpbody import Limits
+    from gpumgr.serving.body import Limits
 
     return Limits(max_body_bytes=whole_flag("--max-body-bytes", args.max_body_bytes, MIN_BODY_BYTES, MAX_BODY_BYTES),
                   header_timeout=seconds_flag("--header-timeout", args.header_timeout, MAX_TIMEOUT),
@@ -208,7 +208,7 @@ def _tls(args: argparse.Namespace) -> Any:
         raise InputError("--client-ca-file needs --tls-cert-file and --tls-key-file")
     if not cert:
         return None
-    from gpumgr.extender.tls import TlsSettingsError, server_context
+    from gpumgr.serving.tls import TlsSettingsError, server_context
 
     try:
         return server_context(cert, key, ca)

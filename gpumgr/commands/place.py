@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from gpumgr.commands.common import add_node_source, load_inventory
-from gpumgr.docfile import Doc, load_doc
+from gpumgr.files.docfile import Doc, load_doc
 
 STEP_KINDS = ("pod", "release", "unhealthy", "healthy", "cordon")
 MAX_POD_ANNOTATIONS = 64
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumgr.docfile import InputError
+    from gpumgr.files.docfile import InputError
 
     if args.memory_unit_mib <= 0:
         raise InputError(f"--memory-unit-mib must be positive, got {args.memory_unit_mib}")
@@ -85,7 +85,7 @@ def parse_steps(doc: Doc) -> list[dict[str, Any]]:
 
 
 def _check_annotations(doc: Doc, at: tuple[str | int, ...], ann: Any) -> None:
-    from gpumgr.choices import ChoiceError, pod_choices
+    from gpumgr.requests.choices import ChoiceError, pod_choices
 
     where = (*at, "annotations")
     if not isinstance(ann, dict) or len(ann) > MAX_POD_ANNOTATIONS:
@@ -101,7 +101,7 @@ def _check_annotations(doc: Doc, at: tuple[str | int, ...], ann: Any) -> None:
 
 def check_cordons(doc: Doc, steps: list[dict[str, Any]], gpus: Any) -> None:
     """Every cordon step names cards of this node (needs the node, so after `parse_steps`)."""
-    from gpumgr.choices import ChoiceError, resolve_cordon
+    from gpumgr.requests.choices import ChoiceError, resolve_cordon
 
     for i, step in enumerate(doc.data["steps"]):
         if isinstance(step, dict) and "cordon" in step:
@@ -113,8 +113,8 @@ def check_cordons(doc: Doc, steps: list[dict[str, Any]], gpus: Any) -> None:
 
 def replay(inv: Any, steps: list[dict[str, Any]], unit_mib: int) -> dict[str, Any]:
     from gpumgr.allocator import Allocation, InvalidRequest, Ledger, LedgerError, NoFit, Request, choose
-    from gpumgr.choices import NO_CORDON, Cordon, allowed_cards, pod_choices, resolve_cordon
-    from gpumgr.topology import Topology
+    from gpumgr.requests.choices import NO_CORDON, Cordon, allowed_cards, pod_choices, resolve_cordon
+    from gpumgr.topology.cost import Topology
 
     topo = Topology.of(inv)
     ledger = Ledger(g.memory_mib for g in inv.gpus)

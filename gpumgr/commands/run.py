@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gpumgr.agent.config import AgentConfig
 from gpumgr.commands.common import check_log_level, env_default, seconds_flag, whole_flag
-from gpumgr.podspec import ascii_uint
+from gpumgr.requests.podspec import ascii_uint
 
 log = logging.getLogger("gpumgr")
 # bounds of the numeric flags (a value past them switches off what it sets, or is a typo)
@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
 def config_from(args: argparse.Namespace) -> AgentConfig:
     """Check every flag before anything starts: a bad value is one clear line and exit 2, never a traceback."""
-    from gpumgr.docfile import InputError
-    from gpumgr.health_config import HealthConfig
+    from gpumgr.files.docfile import InputError
+    from gpumgr.health.config import HealthConfig
 
     if not args.node_name:
         raise InputError("--node-name (or env GPUMGR_NODE_NAME / NODE_NAME) is required")
@@ -117,8 +117,8 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
 def dra_settings(args: argparse.Namespace) -> dict[str, str]:
     """The DRA flags, checked, as `AgentConfig.extra` (read back by gpumgr.dra.config.from_agent_config)."""
 
-    from gpumgr.docfile import InputError
     from gpumgr.dra.config import MODES, driver_name_problem
+    from gpumgr.files.docfile import InputError
 
     mode = str(getattr(args, "mode", "device-plugin"))
     if mode not in MODES:
@@ -141,7 +141,7 @@ async def _main(cfg: AgentConfig, sysfs_root: str = "/sys") -> int:
     from gpumgr.agent.daemon import Agent
     from gpumgr.devices.backend import Backend
     from gpumgr.devices.types import DiscoveryError
-    from gpumgr.docfile import InputError
+    from gpumgr.files.docfile import InputError
     from gpumgr.kube.client import KubeClient
 
     backend: Backend

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from gpumgr.commands.common import env_default
-from gpumgr.docfile import InputError
+from gpumgr.files.docfile import InputError
 
 DEFAULT_ADDR = "http://127.0.0.1:5678"
 
@@ -95,7 +95,7 @@ def render_status(usage: dict[str, Any], graph: dict[str, Any]) -> str:
 
 
 def cards_table(cards: list[dict[str, Any]]) -> str:
-    from gpumgr.render import table
+    from gpumgr.topology.render import table
 
     rows: list[tuple[str, ...]] = [("GPU", "MODEL", "HEALTH", "MODE", "CORES USED", "MEMORY ALLOCATED", "MEMORY USED",
                                     "UTIL", "TEMP", "HOLDERS", "CORDONED")]
@@ -112,7 +112,7 @@ def cards_table(cards: list[dict[str, Any]]) -> str:
 
 def cordon_note(usage: dict[str, Any]) -> str:
     """Below the card table: what a cordon means, or why the cordon annotation was not understood."""
-    from gpumgr.choices import ANN_CORDON
+    from gpumgr.requests.choices import ANN_CORDON
 
     error = usage.get("cordon_error")
     if error:
@@ -130,7 +130,7 @@ def _cordoned(value: Any) -> str:
 
 
 def holders_table(holders: list[dict[str, Any]]) -> str:
-    from gpumgr.render import table
+    from gpumgr.topology.render import table
 
     if not holders:
         return "No holders."
@@ -161,7 +161,7 @@ def _holder_order(h: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def tree_table(tree: dict[str, Any]) -> str:
-    from gpumgr.render import table
+    from gpumgr.topology.render import table
 
     rows: list[tuple[str, ...]] = [("GROUP", "GPUS", "FREE WHOLE", "FREE CORES", "FREE MEMORY")]
 

@@ -17,8 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     from gpumgr.allocator import Ledger
-    from gpumgr.render import LEVEL_LEGEND, render_levels, render_tree
-    from gpumgr.topology import Topology
+    from gpumgr.topology.cost import Topology
+    from gpumgr.topology.render import LEVEL_LEGEND, render_levels, render_tree
 
     inv = load_inventory(args)
     topo = Topology.of(inv)

@@ -15,7 +15,7 @@ from gpumgr.commands.common import (
     stop_on_signals,
     whole_flag,
 )
-from gpumgr.httpbody import MAX_CONNECTIONS
+from gpumgr.serving.body import MAX_CONNECTIONS
 
 if TYPE_CHECKING:
     from gpumgr.webhook.server import TlsFiles
@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpumgr.docfile import InputError
+    from gpumgr.files.docfile import InputError
 
     host, port = parse_listen(args.listen)
     check_log_level(args.log_level)
@@ -86,8 +86,8 @@ def _tls(args: argparse.Namespace) -> TlsFiles | None:
     import logging
     from pathlib import Path
 
-    from gpumgr.docfile import InputError
-    from gpumgr.extender.tls import TlsSettingsError
+    from gpumgr.files.docfile import InputError
+    from gpumgr.serving.tls import TlsSettingsError
     from gpumgr.webhook.server import TlsFiles, server_context
 
     if not args.tls_cert_file and not args.tls_key_file:

@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from gpumgr.devices.types import GPU, DiscoveryError, GPUStatus, HealthEvent, Inventory, ProcessUsage
-from gpumgr.podspec import ascii_uint
+from gpumgr.requests.podspec import ascii_uint
 
 log = logging.getLogger("gpumgr.devices.nvml")
 

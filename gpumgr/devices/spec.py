@@ -23,11 +23,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from gpumgr import levels as lv
 from gpumgr.devices.topo_text import DEFAULT_MAX_GPUS, TopoMatrix, TopoParseError, parse_topo_text
 from gpumgr.devices.types import GPU, Inventory
-from gpumgr.docfile import Doc, InputError, env_limit, load_doc, read_text_bounded
-from gpumgr.podspec import ascii_uint
+from gpumgr.files.docfile import Doc, InputError, env_limit, load_doc, read_text_bounded
+from gpumgr.requests.podspec import ascii_uint
+from gpumgr.topology import levels as lv
 
 DEFAULT_MODEL = "NVIDIA Tesla (simulated)"
 DEFAULT_MEMORY_MIB = 16384

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpumgr import levels as lv
+from gpumgr.topology import levels as lv
 
 _GPU = re.compile(r"GPU([0-9]+)")
 _GPU_RUN = re.compile(r"(GPU[0-9]+)")

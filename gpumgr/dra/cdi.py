@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumgr.dra.config import CDI_KIND
-from gpumgr.fileio import write_new
+from gpumgr.files.write import write_new
 
 CONTAINER_DRIVER_DIR = "/usr/local/nvidia/lib64"
 CONTAINER_SHIM_DIR = "/usr/local/gpumgr"

@@ -1,7 +1,7 @@
 """What a ResourceClaim gives this driver on this node: its results, read from the claim's status.
 
 Pure: a claim (API JSON) in, a `ClaimGrant` out, or a `ClaimError` whose message says what is wrong with that
-one claim. Nothing here touches the ledger. What a device result consumes is read by gpumgr.dra_results, the
+one claim. Nothing here touches the ledger. What a device result consumes is read by gpumgr.requests.claim_results, the
 rule the scheduler extender counts claims by too; this module adds what only the node knows (its pool, its cards).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from gpumgr.devices.types import Inventory
 from gpumgr.dra.slices import CORES, MIB, memory_ceiling
-from gpumgr.dra_results import ResultError, allocated_results, device_amount
+from gpumgr.requests.claim_results import ResultError, allocated_results, device_amount
 
 MAX_RESERVED = 256  # a claim may be reserved for at most 256 consumers (ResourceClaimReservedForMaxSize)
 MAX_DRIVER = 63  # characters of another driver's name quoted in an error (a driver name is a DNS subdomain)
@@ -69,8 +69,8 @@ def grant_from_claim(claim: Mapping[str, Any], *, namespace: str, name: str, uid
 
 
 def _device_grant(label: str, r: Mapping[str, Any], pool: str, inv: Inventory) -> DeviceGrant:
-    """What one result of this driver consumes (the rule in gpumgr.dra_results, shared with the extender), checked
-    against what only the node knows: its pool and its cards."""
+    """What one result of this driver consumes (the rule in gpumgr.requests.claim_results, shared with the
+    extender), checked against what only the node knows: its pool and its cards."""
     try:
         got = device_amount(r)
     except ResultError as e:

@@ -56,7 +56,7 @@ class DraConfig:
 def from_agent_config(agent_cfg: AgentConfig) -> DraConfig:
     """The DRA settings of an `AgentConfig`: common ones from its fields, DRA ones from `extra` (as
     `gpumgr run` puts them there: mode, dra_driver_name, cdi_dir, dra_plugin_dir, plugins_registry_dir)."""
-    from gpumgr import vdriver
+    from gpumgr.vdevice import vdriver
 
     extra = dict(agent_cfg.extra or {})
     driver = extra.get("dra_driver_name") or DRIVER_NAME

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpumgr.devices.types import GPU, Inventory
 from gpumgr.dra.config import UNHEALTHY_TAINT
-from gpumgr.dra.quantity import format_bytes
+from gpumgr.requests.quantity import format_bytes
 
 MIB = 2**20
 CORES = 100

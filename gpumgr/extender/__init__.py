@@ -3,11 +3,12 @@
 Modules, from the wire inwards:
     wire       the extender JSON (`k8s.io/kube-scheduler/extender/v1`): parsing and replies
     handlers   the aiohttp routes
-    (request bodies are read within bounds by `gpumgr.httpbody`, shared with the webhook)
+    (request bodies are read within bounds by `gpumgr.serving.body`, shared with the webhook)
     lane       one request's CPU work at a time, smallest body first
     (the listening socket, with TLS, a cap on open connections and the handshake timeout, is
-               `gpumgr.httpsite.CappedSite`, shared with the webhook)
-    tls        the server's SSL context (client certificates required) and the scheduler's client context
+               `gpumgr.serving.site.CappedSite`, shared with the webhook)
+    (the server's SSL context, client certificates required, and the scheduler's client context are
+               `gpumgr.serving.tls`, shared with the webhook)
     server     `ExtenderServer`: the HTTP server, the cluster view and its watches, started in-process
     leader     leader election among replicas (a coordination.k8s.io Lease)
     binder     bind: choose cards, assume them, patch the pod, create the Binding

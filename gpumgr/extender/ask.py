@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumgr import podspec
-from gpumgr.choices import NO_CHOICES, ChoiceError, Choices, pod_choices_of
+from gpumgr.requests import podspec
+from gpumgr.requests.choices import NO_CHOICES, ChoiceError, Choices, pod_choices_of
 
 
 class AskError(ValueError):
@@ -72,7 +72,7 @@ class PodAsk:
     refused: tuple[str, ...]  # lower-cased gpumgr.io/gpu-model-exclude entries
     invalid: str  # why no node can ever take the pod ("" when none of that)
     key: str  # the same for pods that ask the same: the cache key of fits
-    choices: Choices = NO_CHOICES  # gpu-policy, gpu-uuid-select / -exclude (gpumgr/choices.py)
+    choices: Choices = NO_CHOICES  # gpu-policy, gpu-uuid-select / -exclude (gpumgr/requests/choices.py)
 
     @property
     def wants_gpu(self) -> bool:

@@ -29,12 +29,12 @@ import time
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
-from gpumgr import podspec
 from gpumgr.allocator import Allocation
 from gpumgr.extender.ask import AskError, PodAsk, pod_ask, pod_uid
 from gpumgr.extender.cluster import ClusterView
 from gpumgr.extender.kubeaccess import ApiCallError
 from gpumgr.extender.wire import BindingArgs
+from gpumgr.requests import podspec
 
 if TYPE_CHECKING:
     from gpumgr.extender.podcalls import PodCalls

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumgr import podspec
+from gpumgr.requests import podspec
 
 FINISHED = frozenset({"Succeeded", "Failed"})
 

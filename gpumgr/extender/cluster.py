@@ -22,18 +22,18 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumgr import podspec
 from gpumgr.allocator import HUNDRED, Allocation, Ledger
 from gpumgr.allocator.fragment import rank_every_set
 from gpumgr.allocator.ledger import CLAIM_PREFIX, ClaimHolder, LedgerError
-from gpumgr.choices import ANN_CORDON, allowed_cards, node_cordon
-from gpumgr.dra_results import DriverResult
 from gpumgr.extender.ask import PodAsk, pod_uid
 from gpumgr.extender.claims import FINISHED, Claim, pod_claim
 from gpumgr.extender.fit import Fit, fast_place, packing, place, quick_check, static_check, with_packing
 from gpumgr.extender.nodestate import NodeState, Shape, build_shape, full_state, shape_of, whole_state
 from gpumgr.extender.plan import Plan
-from gpumgr.node_inventory import InventoryAnnotationError, decode
+from gpumgr.node.inventory import InventoryAnnotationError, decode
+from gpumgr.requests import podspec
+from gpumgr.requests.choices import ANN_CORDON, allowed_cards, node_cordon
+from gpumgr.requests.claim_results import DriverResult
 
 log = logging.getLogger(__name__)
 

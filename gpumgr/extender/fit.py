@@ -22,8 +22,8 @@ from gpumgr.allocator.link import link_among
 from gpumgr.allocator.request import HUNDRED
 from gpumgr.extender.ask import ContainerNeed, PodAsk
 from gpumgr.extender.nodestate import CardLike, CardRow, card_rows
-from gpumgr.levels import LevelKey
-from gpumgr.topology import Topology
+from gpumgr.topology.cost import Topology
+from gpumgr.topology.levels import LevelKey
 
 CARDS_WEIGHT = 0.75  # packing: fullness of the cards the pod would use; the rest is the whole node's fullness
 

@@ -38,7 +38,7 @@ from gpumgr.extender.wire import (
     parse_extender_args,
     priority_reply,
 )
-from gpumgr.httpbody import BodyBudget, BodyError, ClientGone, Limits, read_body
+from gpumgr.serving.body import BodyBudget, BodyError, ClientGone, Limits, read_body
 
 log = logging.getLogger(__name__)
 

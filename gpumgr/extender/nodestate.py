@@ -15,11 +15,11 @@ from typing import Protocol
 
 from gpumgr.allocator import HUNDRED, Allocation, CardState, Ledger, LedgerError
 from gpumgr.allocator.ledger import CLAIM_PREFIX
-from gpumgr.choices import NO_CORDON, Cordon
 from gpumgr.devices.types import GPU
 from gpumgr.extender.claims import Claim
-from gpumgr.node_inventory import NodeGPUs
-from gpumgr.topology import Topology
+from gpumgr.node.inventory import NodeGPUs
+from gpumgr.requests.choices import NO_CORDON, Cordon
+from gpumgr.topology.cost import Topology
 
 log = logging.getLogger(__name__)
 

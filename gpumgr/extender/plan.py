@@ -15,7 +15,7 @@ from gpumgr.allocator.fragment import rank_free
 from gpumgr.extender.ask import PodAsk
 from gpumgr.extender.fit import CARDS_WEIGHT, Fit, cards_part, fast_place, packing
 from gpumgr.extender.nodestate import NodeState, Shape
-from gpumgr.levels import LevelKey
+from gpumgr.topology.levels import LevelKey
 
 MISSING: Any = object()
 

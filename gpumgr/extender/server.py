@@ -26,9 +26,6 @@ import logging
 import ssl
 from typing import Any
 
-from gpumgr import podspec
-from gpumgr.choices import ANN_CORDON
-from gpumgr.dra_results import DriverResult, claim_uid, driver_results
 from gpumgr.extender.binder import DEFAULT_SCHEDULER, Binder
 from gpumgr.extender.cluster import ClusterView
 from gpumgr.extender.kubeaccess import CALL_TIMEOUT, KubeAccess
@@ -37,9 +34,12 @@ from gpumgr.extender.leaderlabel import LeaderLabel
 from gpumgr.extender.podcalls import PodCalls
 from gpumgr.extender.score import POLICIES
 from gpumgr.extender.slim import slim_pod
-from gpumgr.extender.tls import requires_client_certs
 from gpumgr.extender.watcher import Watcher
-from gpumgr.httpbody import Limits
+from gpumgr.requests import podspec
+from gpumgr.requests.choices import ANN_CORDON
+from gpumgr.requests.claim_results import DriverResult, claim_uid, driver_results
+from gpumgr.serving.body import Limits
+from gpumgr.serving.tls import requires_client_certs
 
 DRA_CLAIMS = ("auto", "on", "off")
 DRA_DRIVER = "vgpu.gpumgr.io"  # gpumgr.dra.config.DRIVER_NAME
@@ -98,7 +98,7 @@ class ExtenderServer:
     async def start(self, host: str = "0.0.0.0", port: int = 3456) -> int:
         """Start the watches and the HTTP(S) server (and the probe server); returns the port listened on."""
         from gpumgr.extender.handlers import build_app, build_probe_app
-        from gpumgr.httpsite import CappedSite
+        from gpumgr.serving.site import CappedSite
 
         if self._runner is not None:
             raise RuntimeError("the extender is already started")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpumgr import podspec
+from gpumgr.requests import podspec
 
 KEPT_ANNOTATIONS = ("tencent.com/", "gpumgr.io/")  # predicate-*, gpu-assigned, vcuda-core-limit, gpu-model*
 KEPT_RESOURCES = (podspec.RESOURCE_CORE, podspec.RESOURCE_MEMORY)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpumgr.docfile import InputError
+from gpumgr.files.docfile import InputError
 
 log = logging.getLogger("gpumgr.kube")
 
@@ -174,7 +174,7 @@ class ClusterAccess:
 
 def load_kubeconfig(path: str) -> ClusterAccess:
     """The current context of the kubeconfig file at `path`. Relative paths in it are taken from its folder."""
-    from gpumgr.docfile import InputError, load_doc
+    from gpumgr.files.docfile import InputError, load_doc
 
     src = f"kubeconfig {path}"
     try:  # the project's bounded reader: size (GPUMGR_MAX_INPUT_BYTES), nesting, no YAML aliases

@@ -12,22 +12,26 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpumgr.metrics.usage import MIB, CardSnapshot, HolderSnapshot, NodeSnapshot, UsageReader
 
-if TYPE_CHECKING:
-    from gpumgr.metrics.events import AgentMetrics
-
 CONTAINER_LABELS = ["pod_name", "namespace", "node", "container_name"]
 CARD_LABELS = ["gpu", "uuid", "model"]
 
 
+class EventCounts(Protocol):
+    """What the collector reads from the agent's event counters (`events.AgentMetrics`, which registers it)."""
+
+    def xid_counts(self) -> dict[int, int]: ...
+    def checkpoint_extra(self) -> tuple[int, int]: ...
+
+
 class NodeCollector(Collector):
-    def __init__(self, reader: UsageReader, metrics: AgentMetrics):
+    def __init__(self, reader: UsageReader, metrics: EventCounts):
         self.reader = reader
         self.metrics = metrics
 

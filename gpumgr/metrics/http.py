@@ -22,8 +22,8 @@ from prometheus_client import generate_latest
 from gpumgr.metrics.events import AgentMetrics
 from gpumgr.metrics.usage import UsageReader
 from gpumgr.metrics.views import graph_json, usage_json
-from gpumgr.podspec import ascii_uint
-from gpumgr.render import render_tree
+from gpumgr.requests.podspec import ascii_uint
+from gpumgr.topology.render import render_tree
 
 log = logging.getLogger("gpumgr.metrics")
 

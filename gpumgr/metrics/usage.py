@@ -17,12 +17,12 @@ from typing import Any
 
 from gpumgr.allocator.ledger import Allocation, CardState
 from gpumgr.allocator.request import HUNDRED
-from gpumgr.cgroups import CgroupReader, qos_of
-from gpumgr.choices import Cordon
 from gpumgr.devices.backend import Backend
 from gpumgr.devices.types import GPUStatus
 from gpumgr.metrics.shim_status import ShimStatusReader
+from gpumgr.node.cgroups import CgroupReader, qos_of
 from gpumgr.node.state import NodeState
+from gpumgr.requests.choices import Cordon
 
 log = logging.getLogger("gpumgr.metrics")
 
@@ -38,7 +38,7 @@ class UsageReader:
         self.pods = pods
         self.cgroups = cgroups if cgroups is not None else CgroupReader()
         self.shim = shim if shim is not None else ShimStatusReader()
-        self.cordon = cordon  # the node's per-card cordon (gpumgr.choices.CordonWatch), when the agent follows it
+        self.cordon = cordon  # the node's per-card cordon (requests.choices.CordonWatch), when the agent follows it
 
     def snapshot(self) -> NodeSnapshot:
         t0 = time.perf_counter()

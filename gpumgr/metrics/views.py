@@ -10,7 +10,7 @@ from typing import Any
 from gpumgr.allocator import Ledger
 from gpumgr.devices.types import Inventory
 from gpumgr.metrics.usage import MIB, CardSnapshot, HolderSnapshot, NodeSnapshot
-from gpumgr.topology import Topology, TreeNode
+from gpumgr.topology.cost import Topology, TreeNode
 
 
 def graph_json(node: str, topo: Topology, ledger: Ledger, inv: Inventory,

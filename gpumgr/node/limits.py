@@ -6,9 +6,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from gpumgr import binding
 from gpumgr.allocator import HUNDRED, Allocation
 from gpumgr.devices.types import Inventory
+from gpumgr.node import binding
 from gpumgr.vdevice.limits import DeviceLimit, Limits
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from gpumgr import binding
 from gpumgr.allocator import Allocation, ContainerHolder
 from gpumgr.allocator.ledger import BOUNDS, in_bounds
+from gpumgr.node import binding
 
 
 def allocation_for(cand: binding.Candidate, cards: tuple[int, ...], key: str, memory_unit_mib: int,

@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from gpumgr.allocator import Ledger
-from gpumgr.checkpoint import CheckpointError, CheckpointStore
 from gpumgr.devices.types import Inventory
-from gpumgr.topology import Topology
+from gpumgr.node.checkpoint import CheckpointError, CheckpointStore
+from gpumgr.topology.cost import Topology
 
 log = logging.getLogger("gpumgr.state")
 T = TypeVar("T")

@@ -16,7 +16,7 @@ from typing import Any
 import celpy
 from celpy import celtypes
 
-from gpumgr.dra.quantity import QuantityError, parse_int
+from gpumgr.requests.quantity import QuantityError, parse_int
 
 MAX_EXPRESSION = 10 * 1024  # bytes: the API's limit on one selector expression (CELSelectorExpressionMaxLength)
 MAX_PROGRAMS = 256  # compiled selectors kept

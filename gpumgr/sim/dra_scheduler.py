@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumgr.dra.quantity import QuantityError, format_bytes, parse_int
+from gpumgr.requests.quantity import QuantityError, format_bytes, parse_int
 from gpumgr.sim.dra_cel import CelError, SelectorCache, device_activation
 from gpumgr.sim.kubeapi import ApiError, KubeStore
 

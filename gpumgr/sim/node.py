@@ -15,13 +15,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from gpumgr import podspec
 from gpumgr.agent.config import AgentConfig
 from gpumgr.agent.daemon import Agent
 from gpumgr.devices.backend import Backend
 from gpumgr.devices.simulated import SimulatedBackend
 from gpumgr.devices.types import Inventory
 from gpumgr.kube.client import KubeClient
+from gpumgr.requests import podspec
 from gpumgr.sim.kubeapi import KubeApiServer
 from gpumgr.sim.kubelet import AdmittedPod, ContainerRequest, KubeletEmulator
 

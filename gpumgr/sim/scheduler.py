@@ -3,7 +3,7 @@
 `<prefix>/bind` with `ExtenderBindingArgs`. Used by the demo and the end-to-end tests.
 
 Over HTTPS it presents a client certificate as kube-scheduler does with `enableHTTPS: true` and `tlsConfig`
-(certFile, keyFile, caFile): pass `tls=gpumgr.extender.tls.client_context(ca, cert, key)`."""
+(certFile, keyFile, caFile): pass `tls=gpumgr.serving.tls.client_context(ca, cert, key)`."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpumgr.fileio import write_new
+from gpumgr.files.write import write_new
 from gpumgr.vdevice.limits import Limits
 
 SOCKET = "vcuda.sock"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpumgr.podspec import ascii_uint
+from gpumgr.requests.podspec import ascii_uint
 
 
 def host_pid(proc_root: Path, ns_pid: int, pod_uid: str, known: int = 0) -> int:

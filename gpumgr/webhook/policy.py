@@ -1,7 +1,8 @@
 """What the webhook does to one pod: refuse what no node could ever run, point GPU pods at the gpumgr scheduler.
 
-The rules are the agent's and the extender's own: quantities are read by `gpumgr.podspec`, and each GPU container's
-ask is checked by `allocator.Request.validate` with no node limit, so only what is wrong on every node is refused.
+The rules are the agent's and the extender's own: quantities are read by `gpumgr.requests.podspec`, and each GPU
+container's ask is checked by `allocator.Request.validate` with no node limit, so only what is wrong on every node is
+refused.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumgr import podspec
 from gpumgr.allocator.request import HUNDRED, InvalidRequest, Request
-from gpumgr.choices import ChoiceError, pod_choices_of
+from gpumgr.requests import podspec
+from gpumgr.requests.choices import ChoiceError, pod_choices_of
 
 DEFAULT_SCHEDULER = "default-scheduler"
 MAX_CONTAINERS = 256  # containers plus init containers of one pod

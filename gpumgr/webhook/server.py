@@ -8,7 +8,7 @@
 Every error is JSON (`{"error": "..."}`): 400 for a body that is not an AdmissionReview v1, 413 over the size
 limit (after gzip/deflate decompression), 408 when the body is not sent in time, 415 for another
 Content-Encoding, 404/405 for wrong paths and methods, 503 when `max_connections` are already open or too many
-bodies are being read at once (bodies are read by `gpumgr.httpbody.read_body`, as the extender's are).
+bodies are being read at once (bodies are read by `gpumgr.serving.body.read_body`, as the extender's are).
 A connection that has not sent a whole request head within `header_timeout` seconds (or sits
 idle that long between requests) is closed. The certificate and key are read again when their files change
 (cert-manager rotates them), checked every `reload_every` seconds.
@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpumgr.httpbody import BodyBudget, BodyError, ClientGone, Limits, read_body
+from gpumgr.serving.body import BodyBudget, BodyError, ClientGone, Limits, read_body
 from gpumgr.webhook.policy import MAX_CARDS, review_pod
 from gpumgr.webhook.review import BadReview, decode, parse_review, response
 
@@ -58,7 +58,7 @@ class WebhookServer:
         self.max_cards = max_cards
         self.reload_every = reload_every
         self.ssl_context: ssl.SSLContext | None = server_context(tls) if tls else None
-        # bodies are read by gpumgr.httpbody, as the extender's are (size after decompression, time, a shared budget)
+        # bodies are read by gpumgr.serving.body, as the extender's are (size after decompression, time, shared budget)
         self._limits = Limits(max_body_bytes=max_body_bytes, header_timeout=header_timeout, body_timeout=read_timeout,
                               max_connections=max_connections)
         self._budget = BodyBudget(self._limits.budget_bytes)
@@ -70,7 +70,7 @@ class WebhookServer:
         """Listen; returns the port listened on."""
         from aiohttp import web
 
-        from gpumgr.httpsite import CappedSite
+        from gpumgr.serving.site import CappedSite
 
         if self._runner is not None:
             raise RuntimeError("the webhook is already started")
@@ -149,10 +149,10 @@ class WebhookServer:
 
 
 def server_context(tls: TlsFiles) -> ssl.SSLContext:
-    """TLS 1.2+ server context (the extender's, `gpumgr.extender.tls`); with a client CA, callers must present a
+    """TLS 1.2+ server context (the extender's, `gpumgr.serving.tls`); with a client CA, callers must present a
     certificate it signed. Raises TlsSettingsError (a ValueError naming the flag and file) when a file cannot
     be used."""
-    from gpumgr.extender.tls import server_context as context
+    from gpumgr.serving.tls import server_context as context
 
     return context(tls.cert_file, tls.key_file, tls.client_ca_file)
 

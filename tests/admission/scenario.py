@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpumgr import binding, podspec
 from gpumgr.agent.reconcile import reconcile
 from gpumgr.allocator import Allocation, InvalidRequest, Ledger, LedgerError, NoFit, Request, choose
 from gpumgr.deviceplugin import ids as devids
-from gpumgr.kubelet_checkpoint import read_kubelet_checkpoint
+from gpumgr.node import binding
+from gpumgr.node.kubelet_checkpoint import read_kubelet_checkpoint
+from gpumgr.requests import podspec
 from gpumgr.sim.kubelet import AdmissionError, AdmittedPod
 from gpumgr.sim.node import SimNode
 from gpumgr.vdevice.layout import allocation_key

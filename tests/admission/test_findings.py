@@ -12,11 +12,12 @@ import aiohttp
 import grpc
 import pytest
 
-from gpumgr import binding, podspec
 from gpumgr.deviceplugin import ids as devids
-from gpumgr.kubelet_checkpoint import KubeletCheckpointError, read_kubelet_checkpoint
+from gpumgr.node import binding
+from gpumgr.node.kubelet_checkpoint import KubeletCheckpointError, read_kubelet_checkpoint
 from gpumgr.pb import deviceplugin_pb2 as pb
 from gpumgr.pb import deviceplugin_pb2_grpc as pb_grpc
+from gpumgr.requests import podspec
 from gpumgr.vdevice.layout import allocation_key
 from gpumgr.vdevice.limits import Limits
 from tests.e2e.harness import sim_node

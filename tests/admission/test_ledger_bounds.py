@@ -3,7 +3,7 @@ the ledger (the bounds are in the record's constructors, which the writer and bo
 
 from __future__ import annotations
 
-from gpumgr.checkpoint import CheckpointStore
+from gpumgr.node.checkpoint import CheckpointStore
 from tests.e2e.harness import sim_node
 
 HUGE = 3_000_000_000  # vcuda-memory units: a valid pod spec (up to 2^63-1), more than a checkpoint records
@@ -26,8 +26,8 @@ async def test_a_guess_naming_a_pod_that_asks_more_memory_than_recordable_surviv
 
 
 def test_a_share_asking_more_memory_than_recordable_is_no_candidate_of_a_guess():
-    from gpumgr import binding
     from gpumgr.devices.spec import inventory_from_topo_file
+    from gpumgr.node import binding
     from tests.helpers import topo_path
 
     inv = inventory_from_topo_file(topo_path("gtx1080ti"), memory_mib=16384)

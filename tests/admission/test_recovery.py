@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from gpumgr import podspec
 from gpumgr.agent.reconcile import reconcile
 from gpumgr.allocator import Allocation, ClaimHolder
-from gpumgr.checkpoint import CheckpointStore
+from gpumgr.node.checkpoint import CheckpointStore
+from gpumgr.requests import podspec
 from gpumgr.vdevice.limits import Limits
 from tests.e2e.harness import sim_node
 

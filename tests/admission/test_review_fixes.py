@@ -11,11 +11,11 @@ import threading
 import grpc
 import pytest
 
-from gpumgr import binding
 from gpumgr.agent.truth import apply_truths
 from gpumgr.allocator import Allocation, ContainerHolder, Ledger
 from gpumgr.deviceplugin import ids as devids
-from gpumgr.kubelet_checkpoint import read_kubelet_checkpoint
+from gpumgr.node import binding
+from gpumgr.node.kubelet_checkpoint import read_kubelet_checkpoint
 from gpumgr.pb import deviceplugin_pb2 as pb
 from gpumgr.pb import deviceplugin_pb2_grpc as pb_grpc
 from gpumgr.vdevice.layout import allocation_key
@@ -72,7 +72,7 @@ async def test_failing_a_pod_at_prestart_keeps_its_running_containers_share_and_
             calls.append(args)
             raise RuntimeError("API outage")
 
-        from gpumgr.agent import settle as settle_mod
+        from gpumgr.agent import podwrites as settle_mod
 
         monkeypatch.setattr(settle_mod, "FAIL_RETRY_S", 0.0)
         svc.annotator.fail_pod = outage
@@ -240,7 +240,7 @@ async def test_prestart_answers_while_the_api_hangs():
 
 
 async def test_prestart_for_a_pod_missing_from_the_cache_gives_up_on_a_hung_list(monkeypatch):
-    from gpumgr.agent import service as service_mod
+    from gpumgr.agent import prestart as service_mod
 
     monkeypatch.setattr(service_mod, "PRESTART_LIST_S", 0.2, raising=False)  # (absent before the fix)
     async with sim_node("gtx1080ti", memory_mib=16384) as node:

@@ -8,7 +8,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from gpumgr import podspec
+from gpumgr.requests import podspec
 from gpumgr.sim.kubelet import ContainerRequest, KubeletEmulator
 from tests.bench.stats import summary_ms
 from tests.e2e.agent_process import AgentProcess, process_node

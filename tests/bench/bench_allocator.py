@@ -8,7 +8,7 @@ import time
 
 from gpumgr.allocator import Allocation, Ledger, NoFit, Request, choose
 from gpumgr.devices.topo_text import parse_topo_text
-from gpumgr.topology import Topology
+from gpumgr.topology.cost import Topology
 from tests.bench.stats import Progress, summary_ms
 from tests.helpers import TOPO_FILES, topo_path
 

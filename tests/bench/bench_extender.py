@@ -34,15 +34,16 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gpumgr import levels as lv  # noqa: E402
-from gpumgr import node_inventory, podspec  # noqa: E402
 from gpumgr.allocator import Allocation, Ledger  # noqa: E402
 from gpumgr.devices.spec import inventory_from_topo_file  # noqa: E402
 from gpumgr.devices.types import Inventory  # noqa: E402
 from gpumgr.extender.ask import pod_ask  # noqa: E402
 from gpumgr.extender.cluster import ClusterView  # noqa: E402
 from gpumgr.extender.score import scores  # noqa: E402
-from gpumgr.topology import Topology  # noqa: E402
+from gpumgr.node import inventory as node_inventory  # noqa: E402
+from gpumgr.requests import podspec  # noqa: E402
+from gpumgr.topology import levels as lv  # noqa: E402
+from gpumgr.topology.cost import Topology  # noqa: E402
 from tests.bench.stats import pct, summary_ms  # noqa: E402
 
 TOPO = Path(__file__).resolve().parents[1] / "fixtures" / "topo"
@@ -240,7 +241,7 @@ async def hostile(kubeconfig: Path, names: list[str], rounds: int) -> None:
 
     import aiohttp
 
-    from gpumgr.httpbody import DEFAULT_MAX_BODY
+    from gpumgr.serving.body import DEFAULT_MAX_BODY
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -334,7 +335,7 @@ def _latencies(samples: list[float]) -> str:
 
 def _attack_process(base: str, port: int, conn: Any) -> None:
     """In a child process: every attack of `hostile` until told to stop; sends back the counts."""
-    from gpumgr.httpbody import DEFAULT_MAX_BODY
+    from gpumgr.serving.body import DEFAULT_MAX_BODY
 
     async def run() -> dict[str, int]:
         stop = asyncio.Event()

@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpumgr.extender import tls
 from gpumgr.extender.server import ExtenderServer
+from gpumgr.serving import tls
 from gpumgr.sim.kubeapi import KubeApiServer
 from gpumgr.sim.scheduler import SchedulerEmulator, SchedulingError
 from tests.extender.support import inventory, node, pod

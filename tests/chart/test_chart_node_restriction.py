@@ -129,13 +129,16 @@ def test_agent_changes_only_gpumgr_fields_of_its_pods(path: tuple[str, ...], val
     assert len(verdict.denied) == 1 and message in verdict.denied[0], verdict.denied
 
 
+LABELS_MESSAGE = "node labels under gpumgr.io/ and gaia.tencent.com/gpu-model"
+
+
 @pytest.mark.parametrize(
     ("path", "value", "message"),
     [
         (("spec", "taints"), [], "spec"),
         (("spec", "unschedulable"), True, "spec"),
-        (("metadata", "labels", "kubernetes.io/hostname"), "x", "node labels under gpumgr.io/ and gaia.tencent.com/gpu-model"),
-        (("metadata", "labels", "node-role.kubernetes.io/control-plane"), "", "node labels under gpumgr.io/ and gaia.tencent.com/gpu-model"),
+        (("metadata", "labels", "kubernetes.io/hostname"), "x", LABELS_MESSAGE),
+        (("metadata", "labels", "node-role.kubernetes.io/control-plane"), "", LABELS_MESSAGE),
     ],
     ids=["taints", "cordon", "hostname-label", "role-label"],
 )
@@ -235,7 +238,7 @@ def test_policy_covers_every_change_rbac_grants_the_agent(mode: str) -> None:
 def test_agent_may_write_every_node_label_it_owns_in_one_patch() -> None:
     # The agent sends its labels in one merge patch: gpumgr.io/ ones and gpu-manager's gaia.tencent.com/gpu-model.
     # The policy used to allow only the prefix, so the real API server refused the whole patch at every start.
-    from gpumgr.node_labels import GAIA_MODEL_LABEL
+    from gpumgr.node.labels import GAIA_MODEL_LABEL
 
     node = a_node(ME)
     both = changed(changed(node, ("metadata", "labels", "gpumgr.io/gpu.model"), "NVIDIA-A30"),

@@ -1,7 +1,7 @@
 """The extender is authenticated by default: HTTPS with client certificates made by the chart, the scheduler
 configured to present one, and a NetworkPolicy that admits only the scheduler.
 
-The handshakes use the extender's own TLS code (gpumgr.extender.tls) on the very files the rendered pods mount."""
+The handshakes use the extender's own TLS code (gpumgr.serving.tls) on the very files the rendered pods mount."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from gpumgr.extender.tls import client_context, server_context
+from gpumgr.serving.tls import client_context, server_context
 
 from .support import NAMESPACE, PREFIX, VARIANTS, Rendered, container, flags, render, selects
 from .tls_support import handshake, mounted_file

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpumgr.extender.tls import client_context
+from gpumgr.serving.tls import client_context
 from gpumgr.webhook.server import TlsFiles, server_context
 
 from .cel_support import evaluate

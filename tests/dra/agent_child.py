@@ -9,9 +9,9 @@ from pathlib import Path
 
 from kubernetes import config
 
-from gpumgr.checkpoint import CheckpointStore
 from gpumgr.dra.frontend import DraFrontEnd
 from gpumgr.dra.kubeaccess import DraKube
+from gpumgr.node.checkpoint import CheckpointStore
 from gpumgr.node.state import NodeState
 from gpumgr.vdevice.server import VDeviceManager
 from tests.dra.harness import NODE, DraNode, inventory

@@ -13,11 +13,11 @@ from typing import Any
 
 from kubernetes import config
 
-from gpumgr.checkpoint import CheckpointStore
 from gpumgr.devices.types import GPU, Inventory
 from gpumgr.dra.config import DRIVER_NAME, DraConfig
 from gpumgr.dra.frontend import DraFrontEnd
 from gpumgr.dra.kubeaccess import DraKube
+from gpumgr.node.checkpoint import CheckpointStore
 from gpumgr.node.state import NodeState
 from gpumgr.sim.dra_scheduler import DraScheduler
 from gpumgr.sim.kubeapi import KubeApiServer

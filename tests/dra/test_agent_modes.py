@@ -9,9 +9,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpumgr import podspec
 from gpumgr.agent.reconcile import reconcile
 from gpumgr.dra.config import DRIVER_NAME
+from gpumgr.requests import podspec
 from gpumgr.sim.dra_scheduler import DraScheduler
 from gpumgr.sim.kubelet.dra_kubelet import DraKubelet
 from gpumgr.sim.node import SimNode

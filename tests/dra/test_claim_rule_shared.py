@@ -1,4 +1,4 @@
-"""The scheduler extender (gpumgr.dra_results.driver_results: what it counts on a node) and the node agent
+"""The scheduler extender (gpumgr.requests.claim_results.driver_results: what it counts on a node) and the node agent
 (gpumgr.dra.claims.grant_from_claim: what it grants and enforces) read a claim's allocation by one rule: fed the
 same claims, good and malformed, they agree on whether the claim takes anything and on the cards, cores and
 memory it takes.
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpumgr.dra.claims import ClaimError, grant_from_claim
-from gpumgr.dra_results import driver_results
+from gpumgr.requests.claim_results import driver_results
 from tests.dra.harness import CARD_MIB, NODE, inventory
 
 DRIVER = "vgpu.gpumgr.io"

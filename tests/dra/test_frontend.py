@@ -17,7 +17,7 @@ async def test_start_dra_from_an_agent_object(node: DraNode):
                       extra={"mode": "dra", "cdi_dir": str(root / "cdi"),
                              "dra_plugin_dir": str(root / "plugins" / DRIVER_NAME),
                              "plugins_registry_dir": str(root / "registry")})
-    from gpumgr.checkpoint import CheckpointStore
+    from gpumgr.node.checkpoint import CheckpointStore
     from gpumgr.node.state import NodeState
     from gpumgr.vdevice.server import VDeviceManager
 

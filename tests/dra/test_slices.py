@@ -10,8 +10,8 @@ import kubernetes_validate
 import pytest
 
 from gpumgr.dra.config import DRIVER_NAME
-from gpumgr.dra.quantity import parse_int
 from gpumgr.dra.slices import build_spec
+from gpumgr.requests.quantity import parse_int
 from tests.dra.harness import CARD_MIB, NODE, DraNode, device_classes, inventory
 
 VERSIONS = ["1.34.0", kubernetes_validate.latest_version()]

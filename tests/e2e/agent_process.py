@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from gpumgr import podspec
+from gpumgr.requests import podspec
 from gpumgr.sim.kubeapi import KubeApiServer
 from gpumgr.sim.kubelet import KubeletEmulator
 from gpumgr.sim.node import shim_source_for

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpumgr import podspec
 from gpumgr.allocator import Ledger
 from gpumgr.devices.types import GPU, Inventory
 from gpumgr.dra.config import DRIVER_NAME
-from gpumgr.dra.quantity import parse_int
 from gpumgr.extender.claims import pod_claim
 from gpumgr.extender.server import ExtenderServer
+from gpumgr.requests import podspec
+from gpumgr.requests.quantity import parse_int
 from gpumgr.sim.dra_scheduler import DraScheduler
 from gpumgr.sim.kubeapi import KubeApiServer, KubeStore
 from gpumgr.sim.kubelet import AdmittedPod

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumgr import podspec
+from gpumgr.requests import podspec
 from gpumgr.vdevice.limits import Limits
 from tests.e2e.harness import env_of, mounts_of, sim_node
 

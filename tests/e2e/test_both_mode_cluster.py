@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpumgr import podspec
+from gpumgr.requests import podspec
 from gpumgr.sim.dra_scheduler import Unschedulable
 from gpumgr.sim.kubelet.admission import AdmissionError
 from gpumgr.sim.kubelet.dra_kubelet import DraPrepareError

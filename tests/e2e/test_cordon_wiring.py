@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from gpumgr.choices import ANN_CORDON
+from gpumgr.requests.choices import ANN_CORDON
 from tests.e2e.harness import env_of, sim_node
 
 

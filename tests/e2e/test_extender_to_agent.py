@@ -3,8 +3,8 @@ emulator → agent Allocate, over HTTP and unix-socket gRPC."""
 
 from __future__ import annotations
 
-from gpumgr import podspec
 from gpumgr.extender.server import ExtenderServer
+from gpumgr.requests import podspec
 from gpumgr.sim.scheduler import SchedulerEmulator
 from tests.e2e.harness import env_of, sim_node
 

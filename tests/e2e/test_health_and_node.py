@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from gpumgr import node_inventory, podspec
+from gpumgr.node import inventory as node_inventory
+from gpumgr.requests import podspec
 from tests.e2e.harness import env_of, sim_node
 
 CORE, MEM = podspec.RESOURCE_CORE, podspec.RESOURCE_MEMORY

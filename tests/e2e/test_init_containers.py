@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumgr import podspec
+from gpumgr.requests import podspec
 from gpumgr.vdevice.limits import Limits
 from tests.e2e.harness import mounts_of, sim_node
 
@@ -41,7 +41,7 @@ async def test_init_and_app_containers_share_their_pods_reservation(init, app):
 
 @pytest.mark.parametrize(("init", "app"), [((30, 4), (50, 8)), ((100, 0), (50, 4))])
 async def test_a_rebuilt_ledger_keeps_one_reservation_per_reused_set(init, app):
-    from gpumgr.checkpoint import CheckpointStore
+    from gpumgr.node.checkpoint import CheckpointStore
 
     async with sim_node("dgx-a100") as node:
         await node.run_pod("p", [("main", *app)], init_containers=[("setup", *init)])

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from gpumgr import podspec
-from gpumgr.checkpoint import CheckpointStore
 from gpumgr.deviceplugin import ids as devids
 from gpumgr.devices.spec import load_node_spec
+from gpumgr.node.checkpoint import CheckpointStore
+from gpumgr.requests import podspec
 from gpumgr.sim.kubeapi import KubeApiServer
 from gpumgr.sim.kubelet import AdmissionError, ContainerRequest, KubeletEmulator
 from gpumgr.vdevice.layout import allocation_key

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from gpumgr.checkpoint import CheckpointStore, decode
+from gpumgr.node.checkpoint import CheckpointStore, decode
 from tests.e2e import legacy_scenario
 from tests.e2e.harness import sim_node
 from tests.helpers import FIXTURES

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from gpumgr import podspec
-from gpumgr.checkpoint import CheckpointStore
+from gpumgr.node.checkpoint import CheckpointStore
+from gpumgr.requests import podspec
 from tests.e2e.harness import sim_node
 
 CORE = podspec.RESOURCE_CORE

@@ -9,11 +9,12 @@ import json
 import grpc
 import pytest
 
-from gpumgr import binding, podspec
 from gpumgr.agent.reconcile import reconcile
 from gpumgr.deviceplugin import ids as devids
+from gpumgr.node import binding
 from gpumgr.pb import deviceplugin_pb2 as pb
 from gpumgr.pb import deviceplugin_pb2_grpc as pb_grpc
+from gpumgr.requests import podspec
 from gpumgr.vdevice.layout import allocation_key
 from tests.e2e.harness import sim_node
 

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpumgr import node_inventory, podspec
 from gpumgr.devices.spec import inventory_from_topo_file
 from gpumgr.devices.types import GPU, Inventory
+from gpumgr.node import inventory as node_inventory
+from gpumgr.requests import podspec
 
 TOPO = Path(__file__).resolve().parents[1] / "fixtures" / "topo"
 A100 = "NVIDIA A100-SXM4-40GB"

@@ -9,7 +9,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from gpumgr import podspec
+from gpumgr.requests import podspec
 from gpumgr.sim.kubeapi import KubeApiServer
 from tests.extender.support import args, holding, inventory, node, pod
 

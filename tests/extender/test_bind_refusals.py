@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpumgr import podspec
+from gpumgr.requests import podspec
 from gpumgr.sim.kubeapi import KubeApiServer
 from tests.extender.support import inventory, node, pod
 

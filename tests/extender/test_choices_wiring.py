@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpumgr import podspec
-from gpumgr.choices import ANN_CORDON, ANN_POLICY, ANN_UUID_EXCLUDE, ANN_UUID_SELECT, HAMI_USE_UUID
+from gpumgr.requests import podspec
+from gpumgr.requests.choices import ANN_CORDON, ANN_POLICY, ANN_UUID_EXCLUDE, ANN_UUID_SELECT, HAMI_USE_UUID
 from gpumgr.sim.kubeapi import KubeApiServer
 from tests.extender.support import args, holding, inventory, node, pod
 

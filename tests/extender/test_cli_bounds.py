@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from gpumgr.httpbody import MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_TIMEOUT, Limits
+from gpumgr.serving.body import MAX_BODY_BYTES, MAX_CONNECTIONS, MAX_TIMEOUT, Limits
 
 BASE = ["--insecure-serve-without-auth", "--listen", "127.0.0.1:1"]
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from gpumgr import node_inventory
 from gpumgr.extender.ask import pod_ask
 from gpumgr.extender.cluster import ClusterView
+from gpumgr.node import inventory as node_inventory
 from tests.extender.support import holding, pod, topo_inventory
 from tests.extender.test_fit_cache import UNIT, check
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpumgr import podspec
+from gpumgr.requests import podspec
 from gpumgr.sim.kubeapi import KubeApiServer
 from tests.extender.support import args, eventually, inventory, node, pod
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpumgr import podspec
+from gpumgr.requests import podspec
 from gpumgr.sim.kubeapi import KubeApiServer
 from tests.extender.support import A100, T4, args, args_nodes, holding, inventory, node, pod
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from gpumgr.allocator import Allocation, Ledger, LedgerError
 from gpumgr.extender.ask import pod_ask
 from gpumgr.extender.fit import place, quick_check, static_check
-from gpumgr.topology import Topology
+from gpumgr.topology.cost import Topology
 from tests.extender.support import A100, T4, pod, topo_inventory
 
 INV = topo_inventory("dgx1-like_8x-v100-sxm2_hybrid-cube-mesh_mlx5.txt", memory_mib=16384)

@@ -17,16 +17,16 @@ from typing import Any
 import networkx as nx
 import pytest
 
-from gpumgr import node_inventory
 from gpumgr.allocator import link
 from gpumgr.allocator.fragment import _rank_free, rank_free
-from gpumgr.choices import ANN_CORDON, ANN_POLICY, ANN_UUID_EXCLUDE, ANN_UUID_SELECT, allowed_cards
 from gpumgr.devices.types import Inventory
 from gpumgr.extender.ask import PodAsk, pod_ask
 from gpumgr.extender.cluster import ClusterView
 from gpumgr.extender.fit import Fit, place, static_check, with_packing
 from gpumgr.extender.score import scores
-from gpumgr.topology import Topology
+from gpumgr.node import inventory as node_inventory
+from gpumgr.requests.choices import ANN_CORDON, ANN_POLICY, ANN_UUID_EXCLUDE, ANN_UUID_SELECT, allowed_cards
+from gpumgr.topology.cost import Topology
 from tests.extender.support import A100, T4, holding, pod, topo_inventory
 
 FIXTURES = ["dgx-a100-8x_epyc7742_10nic_numa3175_tabs.txt", "dgx1-like_8x-v100-sxm2_hybrid-cube-mesh_mlx5.txt",

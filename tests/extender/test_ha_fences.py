@@ -16,10 +16,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpumgr import podspec
 from gpumgr.extender.kubeaccess import ApiCallError, api_client
 from gpumgr.extender.leader import MAX_RECORD_DURATION, ElectionSettings, Elector, boottime
 from gpumgr.extender.podcalls import PodCalls
+from gpumgr.requests import podspec
 from gpumgr.sim.kubeapi import KubeApiServer
 from tests.extender.support import inventory, node, pod
 from tests.extender.test_ha_election import LEASE, NS, Clock, Flaky, Make, lease, settle

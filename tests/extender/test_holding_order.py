@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from gpumgr import node_inventory
-from gpumgr.dra_results import DriverResult
 from gpumgr.extender.cluster import ClusterView
+from gpumgr.node import inventory as node_inventory
+from gpumgr.requests.claim_results import DriverResult
 from tests.extender.support import holding, inventory
 
 TEXT = node_inventory.encode(inventory(1), frozenset(), 256)

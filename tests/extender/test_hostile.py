@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpumgr.httpbody import Limits
+from gpumgr.serving.body import Limits
 from gpumgr.sim.kubeapi import KubeApiServer
 from tests.extender.support import args, eventually, inventory, node, pod
 

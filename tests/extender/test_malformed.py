@@ -9,8 +9,8 @@ import aiohttp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpumgr import podspec
-from gpumgr.httpbody import Limits
+from gpumgr.requests import podspec
+from gpumgr.serving.body import Limits
 from gpumgr.sim.kubeapi import KubeApiServer
 from tests.extender.support import args, inventory, node, pod
 

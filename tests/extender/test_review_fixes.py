@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpumgr import podspec
 from gpumgr.extender.ask import pod_ask
 from gpumgr.extender.cluster import ClusterView
+from gpumgr.requests import podspec
 from gpumgr.sim.kubeapi import KubeApiServer
 from tests.extender import support as s
 

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from gpumgr.allocator import Ledger
-from gpumgr.checkpoint import FILE_NAME, CheckpointStore
+from gpumgr.node.checkpoint import FILE_NAME, CheckpointStore
 from tests.e2e.agent_process import process_node
 
 pytestmark = pytest.mark.asyncio
@@ -39,7 +39,7 @@ async def test_the_agent_falls_back_to_prev_when_the_current_checkpoint_is_hosti
         else:
             import json
 
-            from gpumgr.checkpoint import checksum
+            from gpumgr.node.checkpoint import checksum
 
             doc = json.loads(store.path.read_text())
             doc.pop("checksum")

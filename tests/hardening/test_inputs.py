@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from gpumgr import podspec
+from gpumgr.requests import podspec
 from tests.helpers import topo_path
 
 TIMEOUT_S = 60  # a refusal takes well under a second; before the fixes some of these ran for minutes

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpumgr.checkpoint import CheckpointStore
 from gpumgr.devices.simulated import SimulatedBackend
 from gpumgr.devices.types import GPU, GPUStatus, HealthEvent, Inventory
-from gpumgr.health import HealthConfig, HealthMonitor
+from gpumgr.health.monitor import HealthConfig, HealthMonitor
+from gpumgr.node.checkpoint import CheckpointStore
 from gpumgr.node.state import NodeState
 
 CARDS = 4

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from gpumgr.devices.types import GPUStatus
-from gpumgr.health_config import ECC, HealthConfig
-from gpumgr.health_rules import HealthRules, ReasonChange
+from gpumgr.health.config import ECC, HealthConfig
+from gpumgr.health.rules import HealthRules, ReasonChange
 
 
 def ecc_changes(status: GPUStatus, config: HealthConfig | None = None) -> list[ReasonChange]:

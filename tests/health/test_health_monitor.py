@@ -10,7 +10,7 @@ import pytest
 
 from gpumgr.allocator import Allocation, LedgerError
 from gpumgr.devices.types import HealthEvent
-from gpumgr.health import DEFAULT_IGNORED_XIDS, HealthConfig, parse_checks, parse_xids
+from gpumgr.health.monitor import DEFAULT_IGNORED_XIDS, HealthConfig, parse_checks, parse_xids
 from tests.health.support import CARDS, Rig, build_rig, until
 
 pytestmark = pytest.mark.timeout(30)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpumgr.devices.types import GPU, Inventory
-from gpumgr.node_labels import GAIA_MODEL_LABEL, label_value, labels_patch, node_labels, normalise_prefix
+from gpumgr.node.labels import GAIA_MODEL_LABEL, label_value, labels_patch, node_labels, normalise_prefix
 
 VALID_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 

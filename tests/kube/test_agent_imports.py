@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from gpumgr import podspec
+from gpumgr.requests import podspec
 from gpumgr.sim.kubelet import ContainerRequest
 from tests.e2e.agent_process import process_node
 

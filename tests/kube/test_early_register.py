@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from gpumgr import podspec
 from gpumgr.agent import daemon
 from gpumgr.agent.daemon import Agent
 from gpumgr.deviceplugin import servicer
 from gpumgr.kube.client import KubeClient
+from gpumgr.requests import podspec
 from gpumgr.sim.kubelet.admission import AdmissionError
 from tests.e2e.harness import sim_node
 

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from gpumgr.allocator.ledger import Allocation, ContainerHolder
-from gpumgr.cgroups import CgroupReader
-from gpumgr.checkpoint import CheckpointStore
 from gpumgr.devices.simulated import SimulatedBackend
 from gpumgr.devices.types import GPU, GPUStatus, Inventory
 from gpumgr.metrics import AgentMetrics, UsageReader
+from gpumgr.node.cgroups import CgroupReader
+from gpumgr.node.checkpoint import CheckpointStore
 from gpumgr.node.state import NodeState
 from tests.metrics import cgroup_trees as ct
 

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from gpumgr.cgroups import CgroupInputError, CgroupReader, parse_container_id, qos_of, read_pids
+from gpumgr.node.cgroups import CgroupInputError, CgroupReader, parse_container_id, qos_of, read_pids
 from tests.metrics import cgroup_trees as ct
 
 UID = ct.pod_uid(0xABC)

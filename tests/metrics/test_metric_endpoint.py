@@ -253,9 +253,9 @@ async def test_a_card_that_fell_off_the_bus_gives_no_usage_figure_rather_than_a_
 async def test_cordon_gauge_follows_the_node_annotation_and_holders_stay(node):
     from contextlib import AsyncExitStack
 
-    from gpumgr.cgroups import CgroupReader
-    from gpumgr.choices import ANN_CORDON, CordonWatch
     from gpumgr.metrics import AgentMetrics, UsageReader, build_app, start_http
+    from gpumgr.node.cgroups import CgroupReader
+    from gpumgr.requests.choices import ANN_CORDON, CordonWatch
 
     await node.place("old", "main", (1,), cores=30, memory_mib=1024, pids=[101])
     watch = CordonWatch(node.inv.gpus)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gpumgr.cgroups import CgroupReader
 from gpumgr.metrics import UsageReader, build_app, start_http
 from gpumgr.metrics.shim_status import MAX_BYTES, ShimStatusReader
+from gpumgr.node.cgroups import CgroupReader
 from tests.metrics import cgroup_trees as ct
 from tests.metrics.node import SimNode
 from tests.metrics.scrape import absent, get, scrape, value

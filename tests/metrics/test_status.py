@@ -146,9 +146,9 @@ async def test_status_sorts_holders_by_card_then_pod_and_shows_no_process_as_das
 async def test_status_shows_cordoned_cards_and_a_cordon_it_cannot_read(node):
     from contextlib import AsyncExitStack
 
-    from gpumgr.cgroups import CgroupReader
-    from gpumgr.choices import ANN_CORDON, CordonWatch
     from gpumgr.metrics import UsageReader, build_app, start_http
+    from gpumgr.node.cgroups import CgroupReader
+    from gpumgr.requests.choices import ANN_CORDON, CordonWatch
 
     await node.place("old", "main", (2,), cores=30, memory_mib=1024, pids=[101])
     watch = CordonWatch(node.inv.gpus)

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from gpumgr.metrics import build_app, parse_addr, start_http
-from gpumgr.render import render_tree
+from gpumgr.topology.render import render_tree
 from tests.metrics.node import GIB, MIB, MODEL, SimNode
 from tests.metrics.scrape import get, serving
 

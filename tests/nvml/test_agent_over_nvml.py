@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gpumgr import podspec
 from gpumgr.deviceplugin import ids as devids
 from gpumgr.devices.spec import inventory_from_topo_file
+from gpumgr.requests import podspec
 from gpumgr.sim.kubeapi import KubeApiServer
 from gpumgr.sim.kubelet import ContainerRequest, KubeletEmulator
 from gpumgr.sim.node import shim_source_for

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumgr.checkpoint import CheckpointStore
-from gpumgr.health import HealthConfig, HealthMonitor
+from gpumgr.health.monitor import HealthConfig, HealthMonitor
+from gpumgr.node.checkpoint import CheckpointStore
 from gpumgr.node.state import NodeState
 from tests.fakes.nvml_fixtures import MakeBackend
 from tests.fakes.nvml_node import FakeNvmlNode

@@ -14,7 +14,8 @@ API (also for benchmarks that need only a control plane):
     cluster.client()                                # kubernetes.client.ApiClient as admin
     node = cluster.add_node("node-a", labels={...}) # a real kubelet + fakecri in its own mount namespace
     node.records()                                  # CreateContainer requests the kubelet made (list of dicts)
-    node.run_in_namespace(proc_name, args)          # a Proc started in the node's mount namespace
+    node.run_in_namespace(proc_name, args, restart=False)  # a Proc in the node's mount namespace (restart=True:
+                                                    # started again when it exits, as a pod's container)
     cluster.add_fake_nodes(["n1", ...], capacity={"cpu": "64", ...}, labels={...})  # Node objects, no kubelet
     cluster.token("ns", "sa", node="node-a")        # a TokenRequest token (bound to the Node if given)
     cluster.kubeconfig_with_token(path, token)      # a kubeconfig a component uses with that token
@@ -308,10 +309,11 @@ class Node:
         assert self.kubelet is not None
         wait_for(f"node {self.name} Ready", ready, START_TIMEOUT_S, interval_s=0.5, procs=(self.kubelet,))
 
-    def run_in_namespace(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
+    def run_in_namespace(self, name: str, args: list[str], env: dict[str, str] | None = None,
+                         restart: bool = False) -> Proc:
         assert self.holder is not None
         proc = Proc(name, ["nsenter", "-t", str(self.holder.pid), "-m", "--", *args], self.cluster.logs,
-                    env=env).start()
+                    env=env, restart=restart).start()
         self.procs.append(proc)
         return proc
 

@@ -64,6 +64,7 @@ def realk8s() -> Iterator[Env]:
         pytest.fail("etcd is not installed: apt-get install etcd-server (the real-Kubernetes tier runs it)")
     workdir = Path(tempfile.mkdtemp(prefix="realk8s-", dir="/tmp"))
     cluster = Cluster(workdir, bins)
+    gpumgr: Gpumgr | None = None
     try:
         cluster.start_control_plane()
         node = cluster.add_node(NODE, labels=NODE_LABELS)
@@ -74,11 +75,17 @@ def realk8s() -> Iterator[Env]:
         gpumgr.start_scheduler()
         gpumgr.start_agent(node, spec)
         env = Env(cluster, node, gpumgr, spec)
+        assert gpumgr.service is not None
+        service = gpumgr.service
+        wait_for("an extender leader behind the Service", service.endpoints, 90, interval_s=0.5,
+                 procs=tuple(gpumgr.extenders))
         wait_for("the agent's device plugins in the node's capacity", lambda: capacity(env).get(
             "tencent.com/vcuda-core") == str(100 * CARDS), 120, interval_s=0.5,
                  procs=(gpumgr.agents[NODE], *gpumgr.extenders))
         yield env
     finally:
+        if gpumgr is not None:
+            gpumgr.stop()
         cluster.stop()
         if os.environ.get("GPUMGR_REALK8S_KEEP"):
             print(f"realk8s: logs and files kept in {workdir}")

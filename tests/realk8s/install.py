@@ -6,7 +6,8 @@ translated here, and only that:
 
 - host paths the agent's DaemonSet mounts -> directories of the test (the device-plugin directory is the real
   /var/lib/kubelet/device-plugins, seen from the node's mount namespace);
-- listen addresses -> 127.0.0.1 and free ports; the scheduler's extender URL -> `scheduler.extenderURL` value;
+- listen addresses -> 127.0.0.1 and free ports; the scheduler's extender URL -> `scheduler.extenderURL` value,
+  the port of a stand-in for the extender's Service (tests/realk8s/service.py: to the pod its selector matches);
 - the certificate files the Secrets would mount -> the same bytes written to disk;
 - the webhook: the API server cannot reach a Service without kube-proxy, and endpoints may not be loopback, so its
   clientConfig is a URL with a serving certificate for 127.0.0.1 from a CA of the test (caBundle set to it).
@@ -27,6 +28,7 @@ from tests.chart.support import NAMESPACE, PREFIX, Rendered, container, render
 from tests.realk8s import pki
 from tests.realk8s.cluster import Cluster, Node
 from tests.realk8s.procs import Proc, free_port, wait_for
+from tests.realk8s.service import ServiceProxy
 
 SKIPPED_KINDS = {"DaemonSet", "Deployment"}  # run as host processes instead
 KUBE_VERSION_VALUES: dict[str, Any] = {}
@@ -85,6 +87,8 @@ class Gpumgr:
     agents: dict[str, Proc] = field(default_factory=dict)
     agent_metrics: dict[str, int] = field(default_factory=dict)
     extenders: list[Proc] = field(default_factory=list)
+    extender_ports: dict[str, int] = field(default_factory=dict)  # replica's pod name -> its own listen port
+    service: ServiceProxy | None = None  # the extender's Service: routes to the pod labelled leader
     webhook: Proc | None = None
     scheduler: Proc | None = None
 
@@ -134,18 +138,18 @@ class Gpumgr:
 
     def start_agent(self, node: Node, spec: Path) -> Proc:
         args = self.agent_args(node, spec)
-        proc = node.run_in_namespace(f"{node.name}-agent", [sys.executable, "-m", "gpumgr.cli", *args])
+        proc = node.run_in_namespace(f"{node.name}-agent", [sys.executable, "-m", "gpumgr.cli", *args], restart=True)
         self.agents[node.name] = proc
         return proc
 
     # ---- extender, scheduler, webhook ----------------------------------------------------------------------
 
-    def extender_args(self, probe_port: int) -> list[str]:
+    def extender_args(self, listen_port: int, probe_port: int) -> list[str]:
         name = self.name("extender")
         rendered = container(self.rendered.get("Deployment", name), "extender")["args"]
         tls = self.rendered_tls_secret("extender")
         paths = {
-            "--listen": f"127.0.0.1:{self.extender_port}", "--probe-listen": f"127.0.0.1:{probe_port}",
+            "--listen": f"127.0.0.1:{listen_port}", "--probe-listen": f"127.0.0.1:{probe_port}",
             "--tls-cert-file": str(self.secret_file(tls, "tls.crt")),
             "--tls-key-file": str(self.secret_file(tls, "tls.key")),
             "--client-ca-file": str(self.secret_file(tls, "ca.crt")),
@@ -158,9 +162,15 @@ class Gpumgr:
         probe = free_port()
         pod_name = f"{self.name('extender')}-{replica}"
         self._stand_in_pod(pod_name, self.rendered.get("Deployment", self.name("extender")))
+        self.extender_ports[pod_name] = listen = free_port()
+        if self.service is None:
+            selector = self.rendered.get("Service", self.name("extender"))["spec"]["selector"]
+            api_client = self.cluster.client()
+            self.service = ServiceProxy(self.extender_port, selector, NAMESPACE, lambda: api_client,
+                                        self.extender_ports).start()
         env = {**_env(), "POD_NAME": pod_name, "POD_NAMESPACE": NAMESPACE}
-        proc = Proc(f"extender-{replica}", [sys.executable, "-m", "gpumgr.cli", *self.extender_args(probe)],
-                    self.cluster.logs, env=env).start()
+        proc = Proc(f"extender-{replica}", [sys.executable, "-m", "gpumgr.cli", *self.extender_args(listen, probe)],
+                    self.cluster.logs, env=env, restart=True).start()
         self.cluster.procs.append(proc)
         self.extenders.append(proc)
         return proc
@@ -201,7 +211,7 @@ class Gpumgr:
                                          "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
                                          f"--authentication-kubeconfig={kubeconfig}",
                                          f"--authorization-kubeconfig={kubeconfig}"],
-                    self.cluster.logs).start()
+                    self.cluster.logs, restart=True).start()
         self.cluster.procs.append(proc)
         self.scheduler = proc
         return proc
@@ -215,10 +225,15 @@ class Gpumgr:
                  "--tls-key-file": str(serving.key)}
         args = [f"{a.partition('=')[0]}={paths[a.partition('=')[0]]}" if a.partition("=")[0] in paths else a
                 for a in rendered]
-        proc = Proc("webhook", [sys.executable, "-m", "gpumgr.cli", *args], self.cluster.logs, env=_env()).start()
+        proc = Proc("webhook", [sys.executable, "-m", "gpumgr.cli", *args], self.cluster.logs, env=_env(),
+                    restart=True).start()
         self.cluster.procs.append(proc)
         self.webhook = proc
         return proc
+
+    def stop(self) -> None:
+        if self.service is not None:
+            self.service.stop()
 
     def rendered_tls_secret(self, component: str) -> str:
         workload = self.rendered.get("Deployment", self.name(component))

@@ -8,17 +8,26 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 STOP_DEADLINE_S = 10.0
+RESTART_DELAY_S = 1.0
 
 
 class Proc:
+    """restart=True: started again whenever it exits (a crash, kill -9, kube-scheduler leaving when it loses its
+    lease), as the kubelet restarts a pod's container; `stop()` ends that."""
+
     def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
-                 cwd: Path | None = None):
+                 cwd: Path | None = None, restart: bool = False):
         self.name = name
+        self.restart = restart
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._watcher: threading.Thread | None = None
         self.args = args
         self.env = env
         self.cwd = cwd
@@ -31,11 +40,31 @@ class Proc:
         return self.log_dir / f"{self.name}.{self.generation}.log"
 
     def start(self) -> Proc:
+        with self._lock:
+            self._stopping = False
+            self._spawn()
+        if self.restart and (self._watcher is None or not self._watcher.is_alive()):
+            self._watcher = threading.Thread(target=self._keep_running, name=f"restart-{self.name}", daemon=True)
+            self._watcher.start()
+        return self
+
+    def _spawn(self) -> None:
         self.generation += 1
         with open(self.log_path, "wb") as log:
             self.popen = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           env=self.env, cwd=self.cwd, start_new_session=True)
-        return self
+
+    def _keep_running(self) -> None:
+        while True:
+            popen = self.popen
+            if popen is not None:
+                popen.wait()
+            time.sleep(RESTART_DELAY_S)
+            with self._lock:
+                if self._stopping:
+                    return
+                if self.popen is popen:
+                    self._spawn()
 
     @property
     def pid(self) -> int:
@@ -55,6 +84,8 @@ class Proc:
             self.popen.wait(timeout=STOP_DEADLINE_S)
 
     def stop(self, deadline_s: float = STOP_DEADLINE_S) -> None:
+        with self._lock:
+            self._stopping = True
         if self.popen is None:
             return
         if self.popen.poll() is None:

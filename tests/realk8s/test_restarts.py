@@ -32,13 +32,35 @@ def test_agent_kill9_keeps_running_pods_and_admits_new_ones(realk8s: Env, core: 
     before = w.wait_running(core, "before-kill")
     card = before.metadata.annotations["tencent.com/predicate-gpu-idx-0"]
     agent = realk8s.gpumgr.agents[NODE]
-    agent.kill9()
-    agent.start()
-    w.create(core, w.gpu_pod("after-kill", cores=70, memory_units=8))
-    after = w.wait_running(core, "after-kill")
+    generation = agent.generation
+    agent.kill9()  # started again, as the kubelet restarts the DaemonSet's container
+    wait_for("the agent started again and ready", lambda: agent.generation > generation and _ready(realk8s), 60)
+    # A pod the kubelet admits between the plugin's death and its first ListAndWatch after re-registering fails
+    # with UnexpectedAdmissionError ("no healthy devices"): real kubelet behaviour, which a pod's controller
+    # answers by making a new pod; do the same.
+    after = None
+    for attempt in range(10):
+        name = f"after-kill-{attempt}"
+        w.create(core, w.gpu_pod(name, cores=70, memory_units=8))
+        after = w.wait_settled(core, name)
+        if after.status.phase == "Running":
+            break
+        assert any(r == "UnexpectedAdmissionError" for r, _ in w.events(core, name)), w.describe(core, name)
+    assert after is not None and after.status.phase == "Running"
     # 40 + 70 > 100: the restarted agent still counts the first pod, so the second is on another card
     assert after.metadata.annotations["tencent.com/predicate-gpu-idx-0"] != card
     assert core.read_namespaced_pod("before-kill", w.NAMESPACE).status.phase == "Running"
+
+
+def _ready(realk8s: Env) -> bool:
+    import urllib.request
+
+    port = realk8s.gpumgr.agent_metrics[NODE]
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
 
 
 def test_kubelet_restart_agent_reregisters(realk8s: Env, core: Any) -> None:

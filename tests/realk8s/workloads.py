@@ -60,6 +60,15 @@ def wait_running(core: Any, name: str, timeout_s: float = 90) -> Any:
         raise AssertionError(f"{error}\n{describe(core, name)}") from None
 
 
+def wait_settled(core: Any, name: str, timeout_s: float = 90) -> Any:
+    """The pod once it is Running or Failed."""
+    def settled() -> Any:
+        pod = core.read_namespaced_pod(name, NAMESPACE)
+        return pod if pod.status.phase in ("Running", "Failed") else None
+
+    return wait_for(f"pod {name} Running or Failed", settled, timeout_s, interval_s=0.5)
+
+
 def describe(core: Any, name: str) -> str:
     pod = core.read_namespaced_pod(name, NAMESPACE)
     events = core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={name}").items

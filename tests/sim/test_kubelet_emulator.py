@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gpumgr.kubelet_checkpoint import read_kubelet_checkpoint
+from gpumgr.node.kubelet_checkpoint import read_kubelet_checkpoint
 from gpumgr.pb import deviceplugin_pb2 as pb
 from gpumgr.pb import deviceplugin_pb2_grpc as pb_grpc
 from gpumgr.sim.kubelet import (

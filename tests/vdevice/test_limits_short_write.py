@@ -1,5 +1,5 @@
 """The limits file the shim reads is written whole or not at all: a real short write (a file-size limit, as on a
-nearly full disk) refuses the new limits and leaves the previous file and no temp file (gpumgr.fileio.write_new,
+nearly full disk) refuses the new limits and leaves the previous file and no temp file (gpumgr.files.write.write_new,
 which the checkpoint and the CDI specs use too)."""
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import copy
 
-from gpumgr import podspec
 from gpumgr.allocator import Allocation, ContainerHolder
 from gpumgr.devices.spec import inventory_from_topo_file
 from gpumgr.node.limits import LimitsMemo, bus_ids, container_limits
+from gpumgr.requests import podspec
 from tests.helpers import topo_path
 
 INV = inventory_from_topo_file(topo_path("gtx1080ti"), memory_mib=16384)

@@ -6,8 +6,8 @@ import os
 import time
 
 from gpumgr.allocator import Allocation
-from gpumgr.checkpoint import CheckpointStore
 from gpumgr.devices.spec import inventory_from_topo_file
+from gpumgr.node.checkpoint import CheckpointStore
 from gpumgr.node.state import NodeState
 from gpumgr.node.vdevices import ORPHAN_DIR_AGE_S, sweep_orphans
 from gpumgr.vdevice.layout import VDeviceLayout, allocation_key

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from gpumgr.httpbody import MAX_CONNECTIONS, MAX_TIMEOUT
+from gpumgr.serving.body import MAX_CONNECTIONS, MAX_TIMEOUT
 from gpumgr.webhook.server import WebhookServer
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
-from gpumgr.dra.quantity import QuantityError, parse
+from gpumgr.requests.quantity import QuantityError, parse
 from gpumgr.sim.kubeapi.errors import invalid
 
 MAX_VALID_VALUES = 10

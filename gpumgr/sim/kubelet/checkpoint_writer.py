@@ -7,7 +7,7 @@ serialized ContainerAllocateResponse. An empty entry list is written as `null`, 
 
 The real `Checksum` is FNV-32a over Go's spew dump of `Data`, which cannot be reproduced here; this
 writer puts FNV-32a over its own canonical JSON of `Data` (sorted keys, no spaces). Readers must not
-verify it (`gpumgr.kubelet_checkpoint` does not).
+verify it (`gpumgr.node.kubelet_checkpoint` does not).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from gpumgr.kubelet_checkpoint import CHECKPOINT_FILE_NAME
+from gpumgr.node.kubelet_checkpoint import CHECKPOINT_FILE_NAME
 from gpumgr.sim.kubelet.pod_devices import ContainerDevices
 
 CheckpointFormat = Literal["v1", "v2"]

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import get_args
 
-from gpumgr.kubelet_checkpoint import CHECKPOINT_FILE_NAME
+from gpumgr.node.kubelet_checkpoint import CHECKPOINT_FILE_NAME
 from gpumgr.pb import deviceplugin_pb2 as pb
 from gpumgr.sim.kubelet.admission import AdmittedPod, ContainerRequest, ResourceOrder, admit_pod, start_pod
 from gpumgr.sim.kubelet.changes import ChangeSignal

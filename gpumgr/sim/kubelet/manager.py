@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpumgr.kubelet_checkpoint import (
+from gpumgr.node.kubelet_checkpoint import (
     CHECKPOINT_FILE_NAME,
     NUMA_WITHOUT_TOPOLOGY,
     KubeletCheckpoint,

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Collection, Mapping
 
 from gpumgr.devices.types import Inventory
-from gpumgr.podspec import ascii_uint
+from gpumgr.requests.podspec import ascii_uint
 
 DEFAULT_PREFIX = "gpumgr.io/"
 GAIA_MODEL_LABEL = "gaia.tencent.com/gpu-model"  # what gpu-manager set: the 2nd word of card 0's name

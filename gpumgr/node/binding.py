@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumgr import podspec
 from gpumgr.allocator.ledger import in_bounds
 from gpumgr.devices.types import Inventory
+from gpumgr.requests import podspec
 
 
 def is_live(pod: Mapping[str, Any]) -> bool:

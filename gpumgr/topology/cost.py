@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from gpumgr import levels as lv
+from gpumgr.topology import levels as lv
 
 if TYPE_CHECKING:
     import networkx as nx

@@ -4,7 +4,7 @@ Two loops run side by side. One waits for the backend's health events (XID, ECC,
 of its own, since that call blocks, and applies each batch as soon as it arrives. The other reads every card's
 status every `poll_interval_s` (temperature, still on the bus) and lets XID reasons expire. Each reason is set
 and cleared on its own with `NodeState.set_reason`; a card is healthy when it has none, and a change of health
-wakes the device plugins' ListAndWatch streams. The rules themselves are in `health_rules.py`.
+wakes the device plugins' ListAndWatch streams. The rules themselves are in `rules.py`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from gpumgr.devices.backend import Backend
 from gpumgr.devices.types import GPUStatus, HealthEvent
-from gpumgr.health_config import (
+from gpumgr.health.config import (
     CHECKS,
     DEFAULT_IGNORED_XIDS,
     ECC,
@@ -29,7 +29,7 @@ from gpumgr.health_config import (
     parse_checks,
     parse_xids,
 )
-from gpumgr.health_rules import ALL_CARDS, HealthRules, ReasonChange
+from gpumgr.health.rules import ALL_CARDS, HealthRules, ReasonChange
 from gpumgr.node.state import NodeState
 
 __all__ = [

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpumgr.dra.quantity import QuantityError, parse_int
+from gpumgr.requests.quantity import QuantityError, parse_int
 
 MAX_RESULTS = 32  # resource.k8s.io/v1 AllocationResultsMaxSize
 MIB = 2**20

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from gpumgr.podspec import ascii_uint, pod_annotations
+from gpumgr.requests.podspec import ascii_uint, pod_annotations
 
 ANN_POLICY = "gpumgr.io/gpu-policy"
 ANN_UUID_SELECT = "gpumgr.io/gpu-uuid-select"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpumgr.podspec import ascii_uint
+from gpumgr.requests.podspec import ascii_uint
 
 # Reasons a card can be unhealthy for; each is set and cleared on its own (see NodeState.set_reason).
 XID = "xid"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpumgr.allocator import Ledger
 from gpumgr.devices.types import Inventory
-from gpumgr.topology import Topology, TreeNode
+from gpumgr.topology.cost import Topology, TreeNode
 
 
 def render_tree(topo: Topology, ledger: Ledger, inv: Inventory | None = None,

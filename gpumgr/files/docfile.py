@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from gpumgr.podspec import ascii_uint
+from gpumgr.requests.podspec import ascii_uint
 
 Path_ = tuple[str | int, ...]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpumgr.devices.types import GPUStatus, HealthEvent
-from gpumgr.health_config import ECC, LOST, TEMPERATURE, XID, HealthConfig
+from gpumgr.health.config import ECC, LOST, TEMPERATURE, XID, HealthConfig
 
 ALL_CARDS = -1  # an event's index when the backend could not tell which card it was
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpumgr.podspec import ascii_uint
+from gpumgr.requests.podspec import ascii_uint
 
 DEFAULT_ROOT = "/sys/fs/cgroup"
 V1_HIERARCHIES = ("memory", "pids", "cpu,cpuacct", "cpuacct,cpu", "cpuacct", "cpu")

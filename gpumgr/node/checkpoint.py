@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from gpumgr.allocator import Ledger, LedgerError
-from gpumgr.fileio import write_new
+from gpumgr.files.write import write_new
 from gpumgr.vdevice.layout import BadName, check_key
 
 FORMAT = "gpumgr-checkpoint"
