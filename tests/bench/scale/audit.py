@@ -10,9 +10,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpumgr import podspec
-from gpumgr.dra.quantity import parse_int
-from gpumgr.topology import Topology
+from gpumgr.requests import podspec
+from gpumgr.requests.quantity import parse_int
+from gpumgr.topology.cost import Topology
 from tests.bench.scale.fleet import BASELINE_RESOURCE, DRIVER, FakeNode
 
 MIB = 2**20

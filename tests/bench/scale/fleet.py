@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpumgr import node_inventory, podspec
-from gpumgr.choices import ANN_CORDON
 from gpumgr.devices.spec import inventory_from_topo_file
 from gpumgr.devices.types import Inventory
 from gpumgr.dra.slices import build_spec
+from gpumgr.node import inventory as node_inventory
+from gpumgr.requests import podspec
+from gpumgr.requests.choices import ANN_CORDON
 
 TOPO = Path(__file__).resolve().parents[2] / "fixtures" / "topo"
 BASELINE_RESOURCE = "example.com/gpu"

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from gpumgr import podspec
+from gpumgr.requests import podspec
 from tests.bench.scale.fleet import BASELINE_RESOURCE, DRIVER, UNIT_MIB
 
 IMAGE = "registry.k8s.io/pause:3.10"
