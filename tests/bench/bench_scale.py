@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench.scale import fleet, measure, workload
+from tests.bench.scale.agents import SliceFollower
 from tests.bench.scale.audit import audit
 from tests.bench.stats import pct
 
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=0, help="pods per path (default: --pods-per-node x N)")
     parser.add_argument("--pods-per-node", type=int, default=DEFAULT_PODS_PER_NODE)
     parser.add_argument("--paths", default="abcd")
+    parser.add_argument("--claims", choices=("pod", "template"), default="pod",
+                        help="DRA pods: a claim created per pod (default) or ResourceClaimTemplates")
     parser.add_argument("--quick", action="store_true", help="30 nodes, 100 pods (development)")
     parser.add_argument("--profile", action="store_true", help="run the extender under cProfile (slower)")
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory and logs")
@@ -71,14 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     for n in counts:
         pods = 100 if args.quick else (args.pods or args.pods_per_node * n)
         t0 = time.monotonic()
-        rows += run_n(bins, n, pods, args.paths, args.profile, args.keep)
+        rows += run_n(bins, n, pods, args.paths, args.claims, args.profile, args.keep)
         print(f"  N={n}: {time.monotonic() - t0:.0f} s for {len(args.paths)} paths of {pods} pods", flush=True)
     print(table(rows))
     print(f"(whole curve {time.monotonic() - curve_start:.0f} s; {machine()})")
     return 0
 
 
-def run_n(bins: Path, n: int, pods: int, paths: str, profile: bool, keep: bool) -> list[Row]:
+def run_n(bins: Path, n: int, pods: int, paths: str, claims: str, profile: bool, keep: bool) -> list[Row]:
     from tests.realk8s.cluster import Cluster
 
     workdir = Path(tempfile.mkdtemp(prefix="scale-", dir="/tmp"))
@@ -97,7 +100,7 @@ def run_n(bins: Path, n: int, pods: int, paths: str, profile: bool, keep: bool) 
         by_name = {x.name: x for x in nodes}
         shapes = workload.shapes(pods)
         for path in paths:
-            rows.append(run_path(cluster, gm, extender, by_name, shapes, path))
+            rows.append(run_path(cluster, gm, extender, by_name, shapes, path, claims))
             r = rows[-1]
             print(f"  N={n} path {path}: {r.bound}/{r.pods} bound, {r.pods_per_s:.1f} pods/s, "
                   f"p99 {r.p99_s:.2f} s, unbound: {dict(r.reasons) or '-'}", flush=True)
@@ -112,24 +115,27 @@ def run_n(bins: Path, n: int, pods: int, paths: str, profile: bool, keep: bool) 
 
 
 def run_path(cluster: Any, gm: Any, extender: Any, nodes: dict[str, fleet.FakeNode],
-             shapes: list[workload.Shape], path: str) -> Row:
+             shapes: list[workload.Shape], path: str, claims: str) -> Row:
     from kubernetes import client as k
 
     core: Any = k.CoreV1Api(cluster.client())
     custom: Any = k.CustomObjectsApi(cluster.client())
     ns = f"scale-{path}"
     _namespace(core, ns)
-    if path in ("c", "d"):
+    if path in ("c", "d") and claims == "template":
         for t in workload.templates(shapes, ns):
             custom.create_namespaced_custom_object("resource.k8s.io", "v1", ns, "resourceclaimtemplates", t)
-    bodies = [workload.pod_body(path, i, s, ns) for i, s in enumerate(shapes)]
-    schedulers = {"kube-scheduler": cluster.proc("kube-scheduler").pid, "gpumgr-scheduler": gm.scheduler.pid}
+    items = [(workload.claim_body(i, s, ns) if workload.uses_claim(path, i) and claims == "pod" else None,
+              workload.pod_body(path, i, s, ns, claims)) for i, s in enumerate(shapes)]
+    bodies = [pod for _, pod in items]
+    follower = SliceFollower(cluster.client, nodes).start() if path == "d" else None
+    schedulers = {"kube-scheduler": cluster.proc("kube-scheduler"), "gpumgr-scheduler": gm.scheduler}
     measure.reset_peak_rss(extender.pid)
-    cpu0 = {name: measure.cpu_seconds(pid) for name, pid in schedulers.items()}
+    cpu0 = {name: (proc.pid, measure.cpu_seconds(proc.pid)) for name, proc in schedulers.items()}
     ext0 = measure.cpu_seconds(extender.pid)
     req0 = measure.request_count(cluster._get("/metrics"))
-    watch = measure.BindWatch(cluster.client, ns).start()
-    sent = measure.create_all(cluster.client, bodies)
+    watch = measure.BindWatch(cluster.client, ns, follower.pod_bound if follower else None).start()
+    sent = measure.create_all(cluster.client, items)
     last, seen = time.monotonic(), 0
     while len(watch.bound) < len(bodies) and time.monotonic() - last < STALL_S \
             and time.monotonic() - min(sent.values()) < PATH_CAP_S:
@@ -144,19 +150,27 @@ def run_path(cluster: Any, gm: Any, extender: Any, nodes: dict[str, fleet.FakeNo
         row.p50_s, row.p99_s = pct(latencies, 50), pct(latencies, 99)
     row.extender_cpu_s = measure.cpu_seconds(extender.pid) - ext0
     row.extender_rss_mib = measure.peak_rss_mib(extender.pid)
-    row.scheduler_cpu_s = sum(measure.cpu_seconds(pid) - cpu0[name] for name, pid in schedulers.items())
+    for name, proc in schedulers.items():
+        pid0, start = cpu0[name]
+        if proc.pid != pid0:
+            print(f"    {name} restarted during path {path}: its CPU seconds count from the restart")
+            start = 0.0
+        row.scheduler_cpu_s += measure.cpu_seconds(proc.pid) - start
     row.api_requests = measure.request_count(cluster._get("/metrics")) - req0
     pod_list = json.loads(core.list_namespaced_pod(ns, _preload_content=False).data)["items"]
-    claims = custom.list_namespaced_custom_object("resource.k8s.io", "v1", ns, "resourceclaims")["items"]
+    claim_list = custom.list_namespaced_custom_object("resource.k8s.io", "v1", ns, "resourceclaims")["items"]
     for pod in pod_list:
         if not pod["spec"].get("nodeName"):
             cond = [c for c in pod.get("status", {}).get("conditions") or [] if c.get("type") == "PodScheduled"]
             row.reasons[(cond[0].get("message") or cond[0].get("reason") or "?")[:110] if cond else "not tried"] += 1
-    found = audit(nodes, pod_list, claims)
+    found = audit(nodes, pod_list, claim_list)
     row.overcommitted = len(found.overcommitted)
     row.multi_card, row.multi_card_best = found.multi_card, found.multi_card_best
     for line in found.overcommitted[:5]:
         print(f"    OVER-COMMITTED ({path}): {line}")
+    if follower is not None:
+        follower.stop(restore=True)
+        print(f"    agent stand-in: {follower.updates} slice updates")
     _clean(core, custom, ns)
     return row
 

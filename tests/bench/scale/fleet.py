@@ -61,9 +61,11 @@ def node_body(n: FakeNode) -> dict[str, Any]:
             "status": {"capacity": capacity, "allocatable": capacity}}
 
 
-def slice_body(n: FakeNode) -> dict[str, Any]:
+def slice_body(n: FakeNode, generation: int = 1,
+               held_elsewhere: dict[int, tuple[int, int]] | None = None) -> dict[str, Any]:
+    """The slice the agent publishes; `held_elsewhere`: card -> (cores, MiB) of device-plugin pods (`both`)."""
     reasons = {i: "XID-79" for i in n.unhealthy} | {i: "cordoned" for i in n.cordoned}
-    spec = build_spec(n.inventory, n.name, DRIVER, reasons, UNIT_MIB, 1)
+    spec = build_spec(n.inventory, n.name, DRIVER, reasons, UNIT_MIB, generation, held_elsewhere)
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"name": f"{n.name}-{DRIVER}"}, "spec": spec}
 

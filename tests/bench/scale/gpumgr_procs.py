@@ -1,7 +1,9 @@
 """gpumgr on the bench's cluster, as tests/realk8s/install.py installs it (the chart rendered and applied, the
 extender and the chart's kube-scheduler as host processes with their ServiceAccounts' tokens), with the webhook
 off (the bench's pods name their scheduler) and the extender's probe port kept, so the bench knows when it is
-ready and leading. `profile=True` records the extender with py-spy while the bench runs (when installed)."""
+ready and leading. The extender listens itself on the URL the scheduler calls (no stand-in for the Service: in
+a cluster kube-proxy's rules cost next to nothing; the realk8s tier's Python proxy would be timed too).
+`profile=True` records the extender with py-spy while the bench runs (when installed)."""
 
 from __future__ import annotations
 
@@ -28,10 +30,15 @@ def start_gpumgr(cluster: Any, workdir: Path, profile: bool) -> tuple[Gpumgr, Ex
     pod_name = f"{gm.name('extender')}-0"
     gm._stand_in_pod(pod_name, gm.rendered.get("Deployment", gm.name("extender")))
     env = {**_env(), "POD_NAME": pod_name, "POD_NAMESPACE": NAMESPACE}
-    proc = Proc("extender-0", [sys.executable, "-m", "gpumgr.cli", *gm.extender_args(probe)], cluster.logs,
-                env=env).start()
+    args = [sys.executable, "-m", "gpumgr.cli", *gm.extender_args(gm.extender_port, probe)]
+    proc = Proc("extender-0", args, cluster.logs, env=env).start()
     cluster.procs.append(proc)
     gm.extenders.append(proc)
+    # one replica: no leader election (on a saturated 2-core machine a missed renewal ends kube-scheduler, which
+    # the tier then restarts, and the path's figures would time the restart)
+    config_map = gm.rendered.get("ConfigMap", gm.name("scheduler"))
+    config_map["data"]["config.yaml"] = config_map["data"]["config.yaml"].replace(
+        "leaderElect: true", "leaderElect: false")
     gm.start_scheduler()
     extender = Extender(proc, probe, workdir)
     extender.wait_leading()
@@ -76,7 +83,7 @@ class Extender:
     def start_profile(self, cluster: Any) -> None:
         out = self.workdir / "extender-profile.txt"
         self.spy = Proc("py-spy", [str(shutil.which("py-spy")), "record", "--pid", str(self.pid), "--format",
-                                   "raw", "--rate", "50", "--output", str(out)], cluster.logs).start()
+                                   "raw", "--gil", "--rate", "50", "--output", str(out)], cluster.logs).start()
         cluster.procs.append(self.spy)
 
     def stop_profile(self) -> None:
@@ -104,7 +111,7 @@ def top_frames(raw: str, count: int = 25) -> str:
         own[frames[-1]] = own.get(frames[-1], 0) + samples
         for f in set(frames):
             inclusive[f] = inclusive.get(f, 0) + samples
-    lines = [f"extender profile: {total} samples (py-spy, 50 Hz)", "  inclusive:"]
+    lines = [f"extender profile: {total} samples holding the GIL (py-spy --gil, 50 Hz)", "  inclusive:"]
     for frame, hits in sorted(inclusive.items(), key=lambda kv: -kv[1])[:count]:
         lines.append(f"    {100 * hits / max(1, total):5.1f} %  {frame}")
     lines.append("  self:")

@@ -19,8 +19,10 @@ CREATORS = 8
 class BindWatch:
     """Records the monotonic time at which each pod of a namespace is first seen with spec.nodeName."""
 
-    def __init__(self, make_client: Callable[[], Any], namespace: str):
+    def __init__(self, make_client: Callable[[], Any], namespace: str,
+                 on_bound: Callable[[dict[str, Any]], None] | None = None):
         self.make_client = make_client
+        self.on_bound = on_bound
         self.namespace = namespace
         self.bound: dict[str, float] = {}
         self.nodes: dict[str, str] = {}
@@ -64,21 +66,31 @@ class BindWatch:
                     if name and node and name not in self.bound:
                         self.bound[name] = now
                         self.nodes[name] = node
+                        if self.on_bound is not None:
+                            self.on_bound(obj)
             resp.release_conn()
 
 
-def create_all(make_client: Callable[[], Any], bodies: list[dict[str, Any]]) -> dict[str, float]:
-    """Create the pods as fast as the API takes them (CREATORS connections); returns name -> time sent."""
+def create_all(make_client: Callable[[], Any], items: list[tuple[dict[str, Any] | None, dict[str, Any]]]) \
+        -> dict[str, float]:
+    """Create the pods (each after its own ResourceClaim, if it has one) as fast as the API takes them (CREATORS
+    connections); returns pod name -> time its first request was sent."""
     sent: dict[str, float] = {}
-    chunks = [bodies[i::CREATORS] for i in range(CREATORS)]
+    chunks = [items[i::CREATORS] for i in range(CREATORS)]
 
-    def one(chunk: list[dict[str, Any]]) -> None:
+    def one(chunk: list[tuple[dict[str, Any] | None, dict[str, Any]]]) -> None:
         from kubernetes import client as k
 
-        core: Any = k.CoreV1Api(make_client())
-        for body in chunk:
-            sent[body["metadata"]["name"]] = time.monotonic()
-            core.create_namespaced_pod(body["metadata"]["namespace"], body, _preload_content=False)
+        api_client = make_client()
+        core: Any = k.CoreV1Api(api_client)
+        custom: Any = k.CustomObjectsApi(api_client)
+        for claim, pod in chunk:
+            namespace = pod["metadata"]["namespace"]
+            sent[pod["metadata"]["name"]] = time.monotonic()
+            if claim is not None:
+                custom.create_namespaced_custom_object("resource.k8s.io", "v1", namespace, "resourceclaims", claim,
+                                                       _preload_content=False)
+            core.create_namespaced_pod(namespace, pod, _preload_content=False)
 
     with ThreadPoolExecutor(CREATORS) as pool:
         for future in [pool.submit(one, c) for c in chunks if c]:

@@ -5,8 +5,9 @@ sequence.
 Per path a pod asks its shape as:
   a  `example.com/gpu: <cards>` (a share rounds up to one whole card), default scheduler;
   b  `tencent.com/vcuda-core` (+ `vcuda-memory` in 256 MiB units for a share), the chart's gpumgr-scheduler;
-  c  a ResourceClaimTemplate per shape (the chart's DeviceClasses: capacity {memory, cores} for a share, whole
-     cards with `matchAttribute: nvlinkDomain` for 2 and 4), default scheduler;
+  c  a ResourceClaim per pod, created just before it (the chart's DeviceClasses: capacity {memory, cores} for a
+     share, whole cards with `matchAttribute: nvlinkDomain` for 2 and 4), default scheduler; or, with
+     --claims template, one ResourceClaimTemplate per shape (the controller-manager creates each pod's claim);
   d  the gpumgr-scheduler with even pods as in b and odd pods as in c.
 """
 
@@ -46,7 +47,9 @@ def uses_claim(path: str, i: int) -> bool:
     return path == "c" or (path == "d" and i % 2 == 1)
 
 
-def pod_body(path: str, i: int, shape: Shape, namespace: str) -> dict[str, Any]:
+def pod_body(path: str, i: int, shape: Shape, namespace: str, claims: str = "pod") -> dict[str, Any]:
+    """The pod of shape `shape` on `path`; a DRA pod names its own claim `pod_name(i)` (created just before it,
+    see claim_body) or, with claims="template", a ResourceClaimTemplate the controller-manager makes a claim of."""
     spec: dict[str, Any] = {"automountServiceAccountToken": False, "terminationGracePeriodSeconds": 0,
                             "schedulerName": GPUMGR_SCHEDULER if path in ("b", "d") else "default-scheduler"}
     container: dict[str, Any] = {"name": "cuda", "image": IMAGE}
@@ -54,7 +57,9 @@ def pod_body(path: str, i: int, shape: Shape, namespace: str) -> dict[str, Any]:
         container["resources"] = {"limits": {BASELINE_RESOURCE: str(shape.cards)}}
     elif uses_claim(path, i):
         container["resources"] = {"claims": [{"name": "gpu"}]}
-        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template_name(shape)}]
+        source = ({"resourceClaimTemplateName": template_name(shape)} if claims == "template"
+                  else {"resourceClaimName": pod_name(i)})
+        spec["resourceClaims"] = [{"name": "gpu", **source}]
     else:
         limits = {podspec.RESOURCE_CORE: str(shape.cores * shape.cards)}
         if shape.fractional:
@@ -73,23 +78,29 @@ def template_name(shape: Shape) -> str:
     return f"share-{shape.cores}-{shape.memory_mib}" if shape.fractional else f"whole-{shape.cards}"
 
 
+def claim_body(i: int, shape: Shape, namespace: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": pod_name(i), "namespace": namespace}, "spec": claim_spec(shape)}
+
+
 def templates(all_shapes: list[Shape], namespace: str) -> list[dict[str, Any]]:
     """One ResourceClaimTemplate per distinct shape."""
-    out = {}
-    for s in all_shapes:
-        exactly: dict[str, Any] = {"allocationMode": "ExactCount", "count": s.cards}
-        if s.fractional:
-            exactly["deviceClassName"] = FRACTIONAL_CLASS
-            exactly["capacity"] = {"requests": {"memory": f"{s.memory_mib}Mi", "cores": str(s.cores)}}
-        else:
-            exactly["deviceClassName"] = WHOLE_CLASS
-        devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
-        if s.cards > 1:
-            devices["constraints"] = [{"requests": ["gpu"], "matchAttribute": f"{DRIVER}/nvlinkDomain"}]
-        out[template_name(s)] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                                 "metadata": {"name": template_name(s), "namespace": namespace},
-                                 "spec": {"spec": {"devices": devices}}}
-    return list(out.values())
+    return list({template_name(s): {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                                    "metadata": {"name": template_name(s), "namespace": namespace},
+                                    "spec": {"spec": claim_spec(s)}} for s in all_shapes}.values())
+
+
+def claim_spec(s: Shape) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"allocationMode": "ExactCount", "count": s.cards}
+    if s.fractional:
+        exactly["deviceClassName"] = FRACTIONAL_CLASS
+        exactly["capacity"] = {"requests": {"memory": f"{s.memory_mib}Mi", "cores": str(s.cores)}}
+    else:
+        exactly["deviceClassName"] = WHOLE_CLASS
+    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
+    if s.cards > 1:
+        devices["constraints"] = [{"requests": ["gpu"], "matchAttribute": f"{DRIVER}/nvlinkDomain"}]
+    return {"devices": devices}
 
 
 @dataclass(frozen=True)
