@@ -1,7 +1,9 @@
 """GPU pods per second on the real kube-scheduler: the scheduler alone against gpumgr's extender and DRA.
 
-    .venv/bin/python -m tests.bench.bench_scale [--nodes 100,500] [--pods-per-node 5] [--paths abcd] [--quick]
-    .venv/bin/python -m tests.bench bench_scale          (with `make bench`: GPUMGR_BENCH_SCALE_NODES=100,500)
+    .venv/bin/python -m tests.bench.bench_scale [--nodes 100,500] [--pods 500 | --pods-per-node 5]
+                                                [--paths abcd] [--claims pod|template] [--profile] [--quick]
+    .venv/bin/python -m tests.bench bench_scale     (as `make bench` runs it: N = 100 and 500, 500 pods per path;
+                                                     GPUMGR_BENCH_SCALE_NODES / GPUMGR_BENCH_SCALE_PODS change them)
 
 For each N: a real control plane (etcd, kube-apiserver, kube-controller-manager without the node-lifecycle
 controller, kube-scheduler; no kubelet) from tests/realk8s, gpumgr's objects applied from the rendered chart
@@ -46,15 +48,16 @@ STALL_S = 20.0  # no new bind for this long after the last create: the rest stay
 PATH_CAP_S = 900.0
 CLEAN_TIMEOUT_S = 300.0
 DEFAULT_NODES = "100,500"
-DEFAULT_PODS_PER_NODE = 5
+DEFAULT_PODS = 500
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default=os.environ.get("GPUMGR_BENCH_SCALE_NODES", DEFAULT_NODES),
                         help="comma list of node counts (default %(default)s)")
-    parser.add_argument("--pods", type=int, default=0, help="pods per path (default: --pods-per-node x N)")
-    parser.add_argument("--pods-per-node", type=int, default=DEFAULT_PODS_PER_NODE)
+    parser.add_argument("--pods", type=int, default=int(os.environ.get("GPUMGR_BENCH_SCALE_PODS", DEFAULT_PODS)),
+                        help="pods per path and N (default %(default)s)")
+    parser.add_argument("--pods-per-node", type=int, default=0, help="instead of --pods: this many per node")
     parser.add_argument("--paths", default="abcd")
     parser.add_argument("--claims", choices=("pod", "template"), default="pod",
                         help="DRA pods: a claim created per pod (default) or ResourceClaimTemplates")
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     curve_start = time.monotonic()
     for n in counts:
-        pods = 100 if args.quick else (args.pods or args.pods_per_node * n)
+        pods = 100 if args.quick else (args.pods_per_node * n or args.pods)
         t0 = time.monotonic()
         rows += run_n(bins, n, pods, args.paths, args.claims, args.profile, args.keep)
         print(f"  N={n}: {time.monotonic() - t0:.0f} s for {len(args.paths)} paths of {pods} pods", flush=True)
@@ -165,6 +168,7 @@ def run_path(cluster: Any, gm: Any, extender: Any, nodes: dict[str, fleet.FakeNo
             row.reasons[(cond[0].get("message") or cond[0].get("reason") or "?")[:110] if cond else "not tried"] += 1
     found = audit(nodes, pod_list, claim_list)
     row.overcommitted = len(found.overcommitted)
+    row.mixed = found.mixed
     row.multi_card, row.multi_card_best = found.multi_card, found.multi_card_best
     for line in found.overcommitted[:5]:
         print(f"    OVER-COMMITTED ({path}): {line}")
@@ -198,7 +202,7 @@ def _clean(core: Any, custom: Any, ns: str) -> None:
 
 COLUMNS = (
     ("pods/s", "pods_per_s", "{:.1f}"), ("p50 s", "p50_s", "{:.2f}"), ("p99 s", "p99_s", "{:.2f}"),
-    ("unbound", "unbound", "{}"), ("over", "overcommitted", "{}"), ("multi best", "multi", "{}"),
+    ("unbound", "unbound", "{}"), ("over", "over", "{}"), ("multi best", "multi", "{}"),
     ("ext CPU s", "extender_cpu_s", "{:.1f}"), ("ext RSS MiB", "extender_rss_mib", "{:.0f}"),
     ("sched CPU s", "scheduler_cpu_s", "{:.1f}"), ("API reqs", "api_requests", "{}"),
 )
@@ -257,11 +261,17 @@ class Row:
     overcommitted: int = 0
     multi_card: int = 0
     multi_card_best: int = 0
+    mixed: int = 0
     reasons: collections.Counter[str] = field(default_factory=collections.Counter)
 
     @property
     def unbound(self) -> int:
         return self.pods - self.bound
+
+    @property
+    def over(self) -> str:
+        """Over-committed cards; `n race` of them held by a pod and a claim at once."""
+        return f"{self.overcommitted} ({self.mixed} race)" if self.mixed else str(self.overcommitted)
 
     @property
     def multi(self) -> str:

@@ -23,6 +23,7 @@ def audit(nodes: dict[str, FakeNode], pods: list[dict[str, Any]], claims: list[d
     cores: dict[tuple[str, int], int] = defaultdict(int)
     memory: dict[tuple[str, int], int] = defaultdict(int)
     whole: dict[str, int] = defaultdict(int)
+    kinds: dict[tuple[str, int], set[str]] = defaultdict(set)
     placements: list[tuple[str, list[int]]] = []
     for pod in pods:
         node_name = pod["spec"].get("nodeName")
@@ -42,6 +43,7 @@ def audit(nodes: dict[str, FakeNode], pods: list[dict[str, Any]], claims: list[d
             minors = [int(m) for m in text.split(",") if m]
             cards = [g.index for m in minors for g in n.inventory.gpus if g.minor == m]
             for card in cards:
+                kinds[(node_name, card)].add("pod")
                 mem = n.inventory.gpus[card].memory_mib
                 if core < 100:
                     cores[(node_name, card)] += core
@@ -63,13 +65,17 @@ def audit(nodes: dict[str, FakeNode], pods: list[dict[str, Any]], claims: list[d
             mem = n.inventory.gpus[card].memory_mib
             cores[(n.name, card)] += parse_int(consumed["cores"]) if "cores" in consumed else 100
             memory[(n.name, card)] += -(-parse_int(consumed["memory"]) // MIB) if "memory" in consumed else mem
+            kinds[(n.name, card)].add("claim")
             cards.append(card)
         if len(cards) > 1:
             placements.append((results[0]["pool"], cards))
     for (node_name, card), used in cores.items():
         n = nodes[node_name]
         if used > 100 or memory[(node_name, card)] > n.inventory.gpus[card].memory_mib or card not in n.usable:
-            out.overcommitted.append(f"{node_name}/gpu-{card}: {used} cores, {memory[(node_name, card)]} MiB")
+            held_by = "+".join(sorted(kinds[(node_name, card)]))
+            out.overcommitted.append(f"{node_name}/gpu-{card}: {used} cores, {memory[(node_name, card)]} MiB "
+                                     f"({held_by})")
+            out.mixed += held_by == "claim+pod"
     for node_name, count in whole.items():
         if count > len(nodes[node_name].usable):
             out.overcommitted.append(f"{node_name}: {count} {BASELINE_RESOURCE} of {len(nodes[node_name].usable)}")
@@ -89,3 +95,4 @@ class Audit:
     cards_used: int = 0
     multi_card: int = 0
     multi_card_best: int = 0
+    mixed: int = 0  # over-committed cards held by pods and claims at once: the two schedulers' race (docs/dra.md)
