@@ -49,6 +49,7 @@ PATH_CAP_S = 900.0
 CLEAN_TIMEOUT_S = 300.0
 DEFAULT_NODES = "100,500"
 DEFAULT_PODS = 500
+EMPTY_SCHEDULER_CONFIG = "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", default="abcd")
     parser.add_argument("--claims", choices=("pod", "template"), default="pod",
                         help="DRA pods: a claim created per pod (default) or ResourceClaimTemplates")
+    parser.add_argument("--scheduler-qps", type=int, default=0,
+                        help="both kube-schedulers' client QPS (burst twice that); 0: their default, 50")
     parser.add_argument("--quick", action="store_true", help="30 nodes, 100 pods (development)")
     parser.add_argument("--profile", action="store_true", help="run the extender under cProfile (slower)")
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory and logs")
@@ -77,24 +80,29 @@ def main(argv: list[str] | None = None) -> int:
     for n in counts:
         pods = 100 if args.quick else (args.pods_per_node * n or args.pods)
         t0 = time.monotonic()
-        rows += run_n(bins, n, pods, args.paths, args.claims, args.profile, args.keep)
+        rows += run_n(bins, n, pods, args.paths, args.claims, args.scheduler_qps, args.profile, args.keep)
         print(f"  N={n}: {time.monotonic() - t0:.0f} s for {len(args.paths)} paths of {pods} pods", flush=True)
     print(table(rows))
     print(f"(whole curve {time.monotonic() - curve_start:.0f} s; {machine()})")
     return 0
 
 
-def run_n(bins: Path, n: int, pods: int, paths: str, claims: str, profile: bool, keep: bool) -> list[Row]:
+def run_n(bins: Path, n: int, pods: int, paths: str, claims: str, qps: int, profile: bool,
+          keep: bool) -> list[Row]:
     from tests.realk8s.cluster import Cluster
 
     workdir = Path(tempfile.mkdtemp(prefix="scale-", dir="/tmp"))
     cluster = Cluster(workdir, bins)
     rows = []
     try:
-        cluster.start_control_plane(node_lifecycle=False)
-        from tests.bench.scale.gpumgr_procs import start_gpumgr
+        cluster.start_control_plane(EMPTY_SCHEDULER_CONFIG, node_lifecycle=False)
+        from tests.bench.scale.gpumgr_procs import raise_client_qps, start_gpumgr
 
         gm, extender = start_gpumgr(cluster, workdir / "gpumgr", profile)
+        if qps:
+            assert gm.scheduler is not None
+            raise_client_qps([(cluster.proc("kube-scheduler"), workdir / "scheduler-config.yaml"),
+                              (gm.scheduler, workdir / "gpumgr" / "gpumgr-scheduler.yaml")], qps)
         nodes = fleet.plan(n)
         t0 = time.monotonic()
         fleet.write(cluster.client, nodes, _now())

@@ -118,3 +118,16 @@ def top_frames(raw: str, count: int = 25) -> str:
     for frame, hits in sorted(own.items(), key=lambda kv: -kv[1])[:count]:
         lines.append(f"    {100 * hits / max(1, total):5.1f} %  {frame}")
     return "\n".join(lines)
+
+
+def raise_client_qps(procs_and_configs: list[tuple[Proc, Path]], qps: int) -> None:
+    """Restart each kube-scheduler with `clientConnection.qps` = qps and burst = 2 x qps in its configuration
+    file (the tier writes the file and sets only the kubeconfig there; the default is 50 / 100)."""
+    import yaml
+
+    for proc, path in procs_and_configs:
+        config = yaml.safe_load(path.read_text())
+        config["clientConnection"].update({"qps": qps, "burst": 2 * qps})
+        path.write_text(yaml.safe_dump(config))
+        proc.stop()
+        proc.start()
