@@ -35,6 +35,7 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         rows += run_n(bins, n, pods, args.paths, args.claims, args.scheduler_qps, args.profile, args.keep)
         print(f"  N={n}: {time.monotonic() - t0:.0f} s for {len(args.paths)} paths of {pods} pods", flush=True)
+        if n != counts[-1]:
+            print(table(rows), flush=True)  # so far: a later N that fails loses only its own rows
     print(table(rows))
     print(f"(whole curve {time.monotonic() - curve_start:.0f} s; {machine()})")
     return 0
@@ -115,6 +118,7 @@ def run_n(bins: Path, n: int, pods: int, paths: str, claims: str, qps: int, prof
             r = rows[-1]
             print(f"  N={n} path {path}: {r.bound}/{r.pods} bound, {r.pods_per_s:.1f} pods/s, "
                   f"p99 {r.p99_s:.2f} s, unbound: {dict(r.reasons) or '-'}", flush=True)
+            _clean(cluster.client, f"scale-{path}")
         extender.stop_profile()
     finally:
         cluster.stop()
@@ -183,7 +187,6 @@ def run_path(cluster: Any, gm: Any, extender: Any, nodes: dict[str, fleet.FakeNo
     if follower is not None:
         follower.stop(restore=True)
         print(f"    agent stand-in: {follower.updates} slice updates")
-    _clean(core, custom, ns)
     return row
 
 
@@ -196,14 +199,41 @@ def _namespace(core: Any, ns: str) -> None:
     wait_for(f"the default ServiceAccount of {ns}", lambda: core.read_namespaced_service_account("default", ns), 60)
 
 
-def _clean(core: Any, custom: Any, ns: str) -> None:
-    from tests.realk8s.procs import wait_for
+def _clean(make_client: Any, ns: str) -> None:
+    """Delete the path's pods and claims before the next path. The bench lifts the claims' delete-protection
+    finalizer itself once their pods are gone: the resourceclaim controller does it at the controller-manager's
+    20 QPS, minutes for thousands of claims. A namespace that does not empty in time is reported, not fatal."""
+    from kubernetes import client as k
 
+    from tests.bench.scale.measure import CREATORS
+
+    core: Any = k.CoreV1Api(make_client())
+    custom: Any = k.CustomObjectsApi(make_client())
     core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
     custom.delete_collection_namespaced_custom_object("resource.k8s.io", "v1", ns, "resourceclaims")
-    wait_for(f"every pod and claim of {ns} gone", lambda: not json.loads(core.list_namespaced_pod(
-        ns, _preload_content=False).data)["items"] and not custom.list_namespaced_custom_object(
-        "resource.k8s.io", "v1", ns, "resourceclaims")["items"], CLEAN_TIMEOUT_S, interval_s=1.0)
+    deadline = time.monotonic() + CLEAN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        pods = json.loads(core.list_namespaced_pod(ns, _preload_content=False).data)["items"]
+        claims = custom.list_namespaced_custom_object("resource.k8s.io", "v1", ns, "resourceclaims")["items"]
+        if not pods and not claims:
+            return
+        if not pods:
+            names = [c["metadata"]["name"] for c in claims if c["metadata"].get("finalizers")]
+            with ThreadPoolExecutor(CREATORS) as pool:
+                list(pool.map(lambda name: _unprotect(custom, ns, name), names))
+        time.sleep(1.0)
+    print(f"    WARNING: {ns} still has pods or claims after {CLEAN_TIMEOUT_S:.0f} s; the next path shares cards")
+
+
+def _unprotect(custom: Any, ns: str, name: str) -> None:
+    from kubernetes import client as k
+
+    try:
+        custom.patch_namespaced_custom_object("resource.k8s.io", "v1", ns, "resourceclaims", name,
+                                              {"metadata": {"finalizers": None}})
+    except k.ApiException as error:
+        if error.status not in (404, 409, 422):
+            raise
 
 
 # ---- the table ---------------------------------------------------------------------------------------------
