@@ -191,7 +191,7 @@ class Cluster:
     # ---- helpers -------------------------------------------------------------------------------------------
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
-        proc = Proc(name, args, self.logs, env=env).start()
+        proc = Proc(name, args, self.logs, env=env, cwd=self.workdir).start()
         self.procs.append(proc)
         return proc
 
@@ -244,20 +244,25 @@ class Node:
         return self.dir / "kubelet"
 
     @property
+    def work_dir(self) -> Path:
+        return self.dir / "cwd"
+
+    @property
     def record_file(self) -> Path:
         return self.dir / "containers.jsonl"
 
     def start(self) -> None:
-        for sub in ("device-plugins", "kubelet", "pod-logs", "volume-plugins", "cert"):
+        for sub in ("device-plugins", "kubelet", "pod-logs", "volume-plugins", "cert", "cwd/0-guard"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        (self.work_dir / "0-guard" / "keep").write_text("the kubelet removes entries of its working directory\n")
         DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
         logs = self.cluster.logs
         # The namespace holder: a process whose mount namespace has the private bind mount; everything of this
         # node joins it with nsenter (so the kubelet and the agent can be restarted on their own).
-        self.holder = Proc(f"{self.name}-mountns", [
+        self.holder = Proc(f"{self.name}-mountns", [  # (cwd: the node's directory, as for everything below)
             "unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
             f"mount --bind {self.device_plugin_dir} {DEVICE_PLUGIN_DIR} && exec sleep 2147483647",
-        ], logs).start()
+        ], logs, cwd=self.work_dir).start()
         holder = self.holder
         wait_for(f"the mount namespace of {self.name}", lambda: str(DEVICE_PLUGIN_DIR) in
                  Path(f"/proc/{holder.pid}/mountinfo").read_text(), 20, procs=(holder,))
@@ -312,8 +317,12 @@ class Node:
     def run_in_namespace(self, name: str, args: list[str], env: dict[str, str] | None = None,
                          restart: bool = False) -> Proc:
         assert self.holder is not None
-        proc = Proc(name, ["nsenter", "-t", str(self.holder.pid), "-m", "--", *args], self.cluster.logs,
-                    env=env, restart=restart).start()
+        # --wd: entering a mount namespace sets the working directory to its root, and the kubelet (1.36, on the
+        # fake runtime) calls os.Remove on the first entry of its working directory (seen with strace): from "/" it
+        # deleted the host's /bin symlink. Every process of the node works in a directory of its own whose first
+        # entry is a non-empty directory, which os.Remove cannot take.
+        proc = Proc(name, ["nsenter", "-t", str(self.holder.pid), "-m", f"--wd={self.work_dir}", "--", *args],
+                    self.cluster.logs, env=env, restart=restart).start()
         self.procs.append(proc)
         return proc
 

@@ -31,14 +31,14 @@ from tests.realk8s.procs import Proc, free_port, wait_for
 from tests.realk8s.service import ServiceProxy
 
 SKIPPED_KINDS = {"DaemonSet", "Deployment"}  # run as host processes instead
-KUBE_VERSION_VALUES: dict[str, Any] = {}
 
 
 def chart_values(extender_port: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The values a user of this cluster gives: the extender reachable at 127.0.0.1, one extender replica."""
+    """The values a user of this cluster gives: the extender's Service reachable at 127.0.0.1 (there is no cluster
+    DNS), the agent serving both front ends."""
     values: dict[str, Any] = {
         "scheduler": {"extenderURL": f"https://127.0.0.1:{extender_port}/gpumgr"},
-        "agent": {"mode": "both", "nodeSelector": {}},
+        "agent": {"mode": "both"},
     }
     return _merge(values, extra or {})
 

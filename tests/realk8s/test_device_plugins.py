@@ -58,6 +58,11 @@ def test_fractional_pod_runs_with_the_promised_container_edits(realk8s: Env, cor
     assert limits["device0_memory_limit"] == str(16 * 256 * 1024 * 1024), limits
     assert limits["core_limit"] == "30" and limits["device_count"] == "1", limits
     assert limits["pod_uid"] == pod.metadata.uid and limits["container_name"] == "cuda0"
+    # the vDevice server the shim would call, on the socket in the directory the container mounts
+    answer = _register(Path(mounts["/etc/vcuda"]["hostPath"]) / "vcuda.sock")
+    assert answer.core_limit == 30 and len(answer.devices) == 1
+    assert answer.devices[0].memory_limit_bytes == 16 * 256 * 1024 * 1024
+    assert answer.devices[0].uuid == envs["NVIDIA_VISIBLE_DEVICES"]
     wait_for("gpu-assigned=true on the pod", lambda: core.read_namespaced_pod("frac", w.NAMESPACE)
              .metadata.annotations.get("tencent.com/gpu-assigned") == "true", 30)
 
@@ -77,6 +82,16 @@ def test_whole_card_and_two_card_pods(realk8s: Env, core: Any) -> None:
     assert len(cards_one) == 1 and len(cards_two) == 2 and not cards_one & cards_two
     idx = pair.metadata.annotations["tencent.com/predicate-gpu-idx-0"].split(",")
     assert {f"/dev/nvidia{i}" for i in idx} == cards_two
+
+
+def _register(socket: Path) -> Any:
+    import grpc
+
+    from gpumgr.pb import vdevice_pb2 as pb
+    from gpumgr.pb import vdevice_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        return pb_grpc.VDeviceStub(channel).Register(pb.RegisterRequest(), timeout=30)
 
 
 def _limits(path: Path) -> dict[str, str]:

@@ -32,8 +32,10 @@ def apis(realk8s: Env) -> Any:
 
 
 def claim(name: str, device_class: str, capacity: dict[str, str] | None = None, count: int = 1,
-          same_nvlink: bool = False) -> dict[str, Any]:
+          same_nvlink: bool = False, minor: str | None = None) -> dict[str, Any]:
     exactly: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
+    if minor is not None:
+        exactly["selectors"] = [{"cel": {"expression": f'device.attributes["{DRIVER}"].minor == {int(minor)}'}}]
     if capacity:
         exactly["capacity"] = {"requests": capacity}
     devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
@@ -56,12 +58,19 @@ def get_claim(custom: Any, name: str) -> dict[str, Any]:
 
 def test_slices_published_for_the_node(realk8s: Env, apis: Any) -> None:
     _, custom = apis
-    slices = custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")["items"]
-    ours = [s for s in slices if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == NODE]
-    assert len(ours) == 1
-    devices = ours[0]["spec"]["devices"]
-    assert sorted(d["name"] for d in devices) == [f"gpu-{i}" for i in range(4)]
-    assert all(d["allowMultipleAllocations"] for d in devices)
+
+    def devices() -> list[dict[str, Any]] | None:
+        slices = custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")["items"]
+        ours = [s for s in slices if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == NODE]
+        assert len(ours) == 1
+        found = ours[0]["spec"]["devices"]
+        # in both mode a card a device-plugin pod holds whole is left out until the agent has released it
+        return found if sorted(d["name"] for d in found) == [f"gpu-{i}" for i in range(4)] else None
+
+    published = wait_for("every card in the node's ResourceSlice", devices, 60)
+    assert isinstance(published, list)
+    assert all(d["allowMultipleAllocations"] for d in published)
+    assert {d["capacity"]["cores"]["value"] for d in published} == {"100"}
 
 
 def test_share_claims_allocated_prepared_and_limited(realk8s: Env, apis: Any) -> None:
@@ -152,3 +161,27 @@ def _find_limits(root: Path, core_limit: str) -> dict[str, str]:
         if kv.get("core_limit") == core_limit:
             return kv
     raise AssertionError(f"no limits file with core_limit={core_limit} under {root}")
+
+
+def test_both_mode_pod_and_claims_share_a_card_without_over_commit(realk8s: Env, apis: Any) -> None:
+    core, custom = apis
+    w.create(core, w.gpu_pod("dp-60", cores=60, memory_units=16))
+    pod = w.wait_running(core, "dp-60")
+    minor = pod.metadata.annotations["tencent.com/predicate-gpu-idx-0"]
+    # the card's slice now offers what the pod leaves (40 cores): a 30-core claim on it is allocated and runs ...
+    share = {"memory": "2Gi", "cores": "30"}
+    custom.create_namespaced_custom_object("resource.k8s.io", "v1", w.NAMESPACE, "resourceclaims",
+                                           claim("beside-1", DRIVER, share, minor=minor))
+    w.create(core, claim_pod("beside-1", "beside-1"))
+    w.wait_running(core, "beside-1")
+    # ... and a second one (60 + 30 + 30 > 100) is not
+    custom.create_namespaced_custom_object("resource.k8s.io", "v1", w.NAMESPACE, "resourceclaims",
+                                           claim("beside-2", DRIVER, share, minor=minor))
+    w.create(core, claim_pod("beside-2", "beside-2"))
+
+    def unschedulable() -> bool:
+        found = core.read_namespaced_pod("beside-2", w.NAMESPACE).status.conditions or []
+        return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in found)
+
+    wait_for("the over-committing claim refused by the scheduler", unschedulable, 60)
+    assert "allocation" not in get_claim(custom, "beside-2").get("status", {})

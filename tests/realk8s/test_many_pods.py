@@ -57,3 +57,12 @@ def test_24_mixed_pods_at_once(realk8s: Env, core: Any) -> None:
     text = json.dumps(status)
     for pod in pods:
         assert pod.metadata.uid in text or pod.metadata.name in text, pod.metadata.name
+    # /metric: each pod's request as gpu-manager named it (cores / 100)
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metric", timeout=30) as answer:
+        metric = answer.read().decode()
+    for pod, (cores, _) in zip(pods, sizes, strict=True):
+        lines = [x for x in metric.splitlines() if x.startswith("container_request_gpu_utilization{")
+                 and f'pod_name="{pod.metadata.name}"' in x]
+        assert len(lines) == 1 and float(lines[0].rsplit(" ", 1)[1]) == cores / 100, (pod.metadata.name, lines)

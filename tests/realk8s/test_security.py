@@ -111,3 +111,18 @@ def test_extender_refuses_callers_without_a_client_certificate(realk8s: Env) -> 
     context.check_hostname = False
     with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
         urllib.request.urlopen(urllib.request.Request(url, data=b"{}", method="POST"), context=context, timeout=5)
+
+
+def test_extender_may_only_write_gpumgr_annotations_on_pods(realk8s: Env, core: Any) -> None:
+    # RBAC lets the extender patch any pod; the chart's extender policy keeps it to what it writes.
+    from kubernetes import client as k
+
+    extender = k.CoreV1Api(realk8s.cluster.client(realk8s.gpumgr.workdir / "extender.kubeconfig"))
+    w.create(core, w.plain_pod("target"))
+    extender.patch_namespaced_pod("target", w.NAMESPACE, {"metadata": {"annotations": {"gpumgr.io/test": "1"}}})
+    _, body = refusal(lambda: extender.patch_namespaced_pod(
+        "target", w.NAMESPACE, {"metadata": {"labels": {"app": "x"}}}))
+    assert "may only change the label gpumgr.io/extender-leader" in body, body
+    _, body = refusal(lambda: extender.patch_namespaced_pod(
+        "target", w.NAMESPACE, {"metadata": {"annotations": {"team": "x"}}}))
+    assert "may only change pod annotations under" in body, body

@@ -1,5 +1,5 @@
-// The pinned Kubernetes release the real-cluster tests build and run (version in one place: KUBE_VERSION in
-// tests/realk8s/kube/version), plus the fake CRI runtime the kubelet runs on.
+// The pinned Kubernetes release the real-cluster tests build and run (the version lives here only: the
+// k8s.io/kubernetes requirement below; tests/realk8s/build.py reads it), plus the fake CRI runtime the kubelet runs on.
 module gpumgr.local/realk8s
 
 go 1.26.0
