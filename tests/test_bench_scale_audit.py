@@ -1,0 +1,70 @@
+"""The scale bench's end-of-path audit (tests/bench/scale/audit.py) sums every card from API objects: it must see
+an over-committed card whichever way it is held, say when a pod and a claim share it, and judge multi-card links."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpumgr.requests import podspec
+from tests.bench.scale import fleet
+from tests.bench.scale.audit import audit
+
+NODES = {n.name: n for n in fleet.plan(10)}  # gpu-00000: V100 cube mesh; gpu-00001: A6000 pairs; gpu-00009: card 7 bad
+
+
+def vcuda_pod(node: str, minors: str, cores: int, units: int = 0) -> dict[str, Any]:
+    limits = {podspec.RESOURCE_CORE: str(cores)}
+    if units:
+        limits[podspec.RESOURCE_MEMORY] = str(units)
+    return {"metadata": {"annotations": {f"{podspec.ANN_PREDICATE_IDX}0": minors}},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": limits}}]}}
+
+
+def claim(node: str, *devices: tuple[int, dict[str, str] | None]) -> dict[str, Any]:
+    results = [{"driver": fleet.DRIVER, "pool": node, "device": f"gpu-{i}",
+                **({"consumedCapacity": used} if used else {})} for i, used in devices]
+    return {"status": {"allocation": {"devices": {"results": results}}}}
+
+
+def test_shares_that_fit_are_not_over_committed() -> None:
+    pods = [vcuda_pod("gpu-00000", "0", 50, 40), vcuda_pod("gpu-00000", "0", 50, 40)]
+    found = audit(NODES, pods, [claim("gpu-00000", (1, {"cores": "30", "memory": "4Gi"}))])
+    assert found.overcommitted == [] and found.mixed == 0
+
+
+def test_two_pods_over_one_card() -> None:
+    found = audit(NODES, [vcuda_pod("gpu-00000", "2", 60), vcuda_pod("gpu-00000", "2", 50)], [])
+    assert [line.split(":")[0] for line in found.overcommitted] == ["gpu-00000/gpu-2"]
+    assert found.mixed == 0
+
+
+def test_a_whole_claim_and_a_share_on_one_card_is_the_race() -> None:
+    found = audit(NODES, [vcuda_pod("gpu-00001", "3", 10, 4)], [claim("gpu-00001", (3, None))])
+    assert len(found.overcommitted) == 1 and "(claim+pod)" in found.overcommitted[0]
+    assert found.mixed == 1
+
+
+def test_memory_over_the_card_counts_too() -> None:
+    units = 32768 // 256  # the V100's whole memory, twice
+    found = audit(NODES, [vcuda_pod("gpu-00000", "4", 10, units), vcuda_pod("gpu-00000", "4", 10, units)], [])
+    assert len(found.overcommitted) == 1
+
+
+def test_an_unhealthy_card_in_use_is_counted() -> None:
+    found = audit(NODES, [vcuda_pod("gpu-00009", "7", 10)], [])
+    assert [line.split(":")[0] for line in found.overcommitted] == ["gpu-00009/gpu-7"]
+
+
+def test_too_many_whole_cards_on_a_node() -> None:
+    pod = {"metadata": {}, "spec": {"nodeName": "gpu-00009", "containers": [
+        {"name": "c", "resources": {"limits": {fleet.BASELINE_RESOURCE: "8"}}}]}}
+    found = audit(NODES, [pod], [])
+    assert found.overcommitted == ["gpu-00009: 8 example.com/gpu of 7"]
+
+
+def test_multi_card_links_against_the_best_of_the_board() -> None:
+    # A6000 board: 0-1 is an NVLink pair, 0-2 only PCIe; V100 cube mesh: 0-5 is SYS, 0-3 NV2
+    pods = [vcuda_pod("gpu-00001", "0,1", 200), vcuda_pod("gpu-00001", "2,4", 200)]
+    claims = [claim("gpu-00000", (0, None), (3, None)), claim("gpu-00000", (1, None), (4, None))]
+    found = audit(NODES, pods, claims)
+    assert (found.multi_card, found.multi_card_best) == (4, 2)
