@@ -16,6 +16,7 @@ import yaml
 
 from tests.helpers import topo_path
 from tests.realk8s import build
+from tests.realk8s import workloads as w
 from tests.realk8s.cluster import Cluster, Node
 from tests.realk8s.install import Gpumgr, install
 from tests.realk8s.procs import wait_for
@@ -91,6 +92,15 @@ def realk8s() -> Iterator[Env]:
             print(f"realk8s: logs and files kept in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def core(realk8s: Env) -> Iterator[Any]:
+    """The admin's CoreV1Api with the test namespace present; every workload of the test deleted afterwards."""
+    api = realk8s.core()
+    w.ensure_namespace(api)
+    yield api
+    w.delete_all(api)
 
 
 def capacity(env: Env) -> dict[str, str]:

@@ -16,14 +16,6 @@ from tests.realk8s.procs import wait_for
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture
-def core(realk8s: Env) -> Any:
-    api = realk8s.core()
-    w.ensure_namespace(api)
-    yield api
-    w.delete_all(api)
-
-
 def test_node_capacity_has_both_resources(realk8s: Env) -> None:
     cap = capacity(realk8s)
     assert cap[w.CORE] == str(100 * CARDS)

@@ -15,14 +15,6 @@ from tests.realk8s.procs import wait_for
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture
-def core(realk8s: Env) -> Any:
-    api = realk8s.core()
-    w.ensure_namespace(api)
-    yield api
-    w.delete_all(api)
-
-
 def lease_holder(realk8s: Env) -> str:
     from kubernetes import client as k
 

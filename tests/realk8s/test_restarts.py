@@ -14,14 +14,6 @@ from tests.realk8s.procs import wait_for
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture
-def core(realk8s: Env) -> Any:
-    api = realk8s.core()
-    w.ensure_namespace(api)
-    yield api
-    w.delete_all(api)
-
-
 def _full_capacity(realk8s: Env) -> bool:
     cap = capacity(realk8s)
     return cap.get(w.CORE) == str(100 * CARDS)

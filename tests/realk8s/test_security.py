@@ -30,14 +30,6 @@ def other_node(realk8s: Env) -> str:
     return OTHER_NODE
 
 
-@pytest.fixture
-def core(realk8s: Env) -> Any:
-    api = realk8s.core()
-    w.ensure_namespace(api)
-    yield api
-    w.delete_all(api)
-
-
 def agent_api(realk8s: Env) -> Any:
     from kubernetes import client as k
 

@@ -13,14 +13,6 @@ from tests.realk8s.procs import wait_for
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture
-def core(realk8s: Env) -> Any:
-    api = realk8s.core()
-    w.ensure_namespace(api)
-    yield api
-    w.delete_all(api)
-
-
 def test_other_pods_are_untouched_and_run_on_the_default_scheduler(realk8s: Env, core: Any) -> None:
     w.create(core, w.plain_pod("plain"))
     pod = w.wait_running(core, "plain")
