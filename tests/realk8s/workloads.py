@@ -84,9 +84,23 @@ def events(core: Any, name: str) -> list[tuple[str, str]]:
             core.list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={name}").items]
 
 
-def delete_all(core: Any, timeout_s: float = 90) -> None:
+def delete_all(core: Any, timeout_s: float = 90, graceful_s: float = 30) -> None:
+    """Delete every test pod the way users do (gracefully), so that the kubelet has stopped its containers and
+    unprepared its claims before the pod object goes: a force-deleted pod's claim is deallocated and deleted in
+    the API while the kubelet has not unprepared it yet, the next test's claim can be allocated the same card, and
+    the agent refuses that prepare until the old claim is unprepared (the kubelet then retries after a back-off of
+    up to ~80 s). Pods still there after `graceful_s` (a node whose kubelet is down) are force-deleted."""
+    def gone() -> bool:
+        return not core.list_namespaced_pod(NAMESPACE).items
+
+    core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=1)
+    try:
+        wait_for("every test pod gone", gone, graceful_s, interval_s=0.5)
+        return
+    except AssertionError:
+        pass
     core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
-    wait_for("every test pod gone", lambda: not core.list_namespaced_pod(NAMESPACE).items, timeout_s, interval_s=0.5)
+    wait_for("every test pod gone", gone, timeout_s, interval_s=0.5)
 
 
 def record_for(node: Any, pod: Any, container: str) -> dict[str, Any]:
