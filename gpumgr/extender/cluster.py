@@ -206,6 +206,8 @@ class ClusterView:
         seen = {pod_uid(p) for p in pods}
         for uid in [u for u in self._pods if u not in seen]:
             self._remove_pod(uid)
+        for uid in [u for u in self._mig_pods if u not in seen]:  # pods asking only MIG instances
+            self._set_mig_pod(uid, {})
         for p in pods:
             self.set_pod(p)
         self.synced.add("pods")

@@ -7,12 +7,16 @@ extender's HTTP API, with nodes, pods and claims in the API test server."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import aiohttp
+
+from gpumgr.extender.server import ExtenderServer
 from gpumgr.mig.profiles import FAMILIES
 from gpumgr.node import inventory as node_inventory
 from gpumgr.node.mig_inventory import MigCardView, MigInstanceView, MigProfileView, NodeMig
-from gpumgr.sim.kubeapi import KubeApiServer
+from gpumgr.sim.kubeapi import KubeApiServer, KubeStore
 from tests.extender.support import args, eventually, inventory, node, pod
 
 DRIVER = "vgpu.gpumgr.io"
@@ -152,6 +156,35 @@ async def test_a_bad_mig_quantity_is_a_400(api: KubeApiServer, start_extender: A
     ext = await start_extender()
     status, doc = await ext.post("filter", args(mig_pod("half", {ONE: "500m"}), ["n"]))
     assert status == 400 and ONE in doc["Error"] and "whole-number" in doc["Error"], doc
+
+
+async def test_a_relist_forgets_pods_deleted_while_the_watch_was_down(tmp_path: Path) -> None:
+    store = KubeStore(history_size=2)
+    store.create_node(mig_node("n", [mig_card(0, SEVEN_ONES[:1])]))
+    store.create_pod(mig_pod("holder", {ONE: 1}, node_name="n"))
+    p = store.create_pod(mig_pod("want", {ONE: 1}))
+    api = KubeApiServer(store, bookmark_interval=0.2)
+    await api.start()
+    server = ExtenderServer(str(api.write_kubeconfig(tmp_path / "kubeconfig")), insecure=True)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        await server.wait_ready(10)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+
+            async def fits() -> bool:
+                async with http.post(f"http://127.0.0.1:{port}/gpumgr/filter", json=args(p, ["n"])) as r:
+                    return "n" in ((await r.json())["NodeNames"] or [])
+
+            assert not await fits()
+            await api.stop()  # the watch breaks; meanwhile more changes than the history keeps
+            store.delete_pod("default", "holder")
+            for i in range(5):
+                store.create_pod(pod(f"filler-{i}", [(0, 0)]))
+            await api.start()  # the watch resumes, gets 410, lists again: the holder is gone
+            assert await eventually(fits, timeout=15)
+    finally:
+        await server.stop()
+        await api.stop()
 
 
 def claim(name: str, node_name: str, device: str) -> dict[str, Any]:
