@@ -1,13 +1,14 @@
 # gpumgr: two commands do everything on a fresh machine (Python 3.11+, gcc, make):
 #   make demo   set up .venv, build the shim, run the whole system on a simulated node
-#   make test   set up .venv, build the shim, run every test (Python, C shim, chart)
+#   make test   set up .venv, build the shim, run every test (Python, C shim, chart, and the real-Kubernetes
+#               tier: needs Go 1.26 and etcd; the first run builds Kubernetes once into ~/.cache/gpumgr)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PROTOS := proto/deviceplugin.proto proto/vdevice.proto proto/dra.proto proto/pluginregistration.proto proto/drahealth.proto
 
-.PHONY: all setup shim fake-nvml proto test test-python test-shim lint demo bench clean
+.PHONY: all setup shim fake-nvml proto test test-python test-shim test-realk8s realk8s-bins lint demo bench clean
 
 all: setup shim
 
@@ -35,12 +36,21 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test-python: $(STAMP) shim fake-nvml
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/realk8s
+
+# The pinned Kubernetes release and the fake CRI runtime, built once into ~/.cache/gpumgr/k8s-<version>/bin.
+realk8s-bins: $(STAMP)
+	$(BIN)/python -m tests.realk8s.build
+
+# A real control plane and kubelet with gpumgr installed from the chart (tests/realk8s; skipped only without Go).
+test-realk8s: $(STAMP) shim
+	@if command -v go >/dev/null 2>&1; then $(MAKE) realk8s-bins; fi
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/realk8s
 
 test-shim: $(STAMP) shim
 	$(MAKE) -C vcuda test PYTHON=$(CURDIR)/$(BIN)/python
 
-test: lint test-python test-shim
+test: lint test-python test-shim test-realk8s
 
 demo: $(STAMP) shim fake-nvml
 	$(BIN)/gpumgr demo --once

@@ -95,7 +95,7 @@ def test_dra_service_paths():
     assert registration.full_name == "pluginregistration.Registration"
     assert [m.name for m in registration.methods] == ["GetInfo", "NotifyRegistrationStatus"]
     health = drah.DESCRIPTOR.services_by_name["DRAResourceHealth"]
-    assert health.full_name == "v1.DRAResourceHealth"
+    assert health.full_name == "v1alpha1.DRAResourceHealth"
     assert health.methods[0].name == "NodeWatchResources" and health.methods[0].server_streaming
     assert {v.name: v.number for v in drah.HealthStatus.DESCRIPTOR.values} == {
         "UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}

@@ -40,6 +40,22 @@ def whole_flag(flag: str, text: object, low: int, high: int) -> int:
     return value
 
 
+MIN_MEMORY_LIMIT = 32 * 1024 * 1024  # no gpumgr service starts in less
+MAX_MEMORY_LIMIT = 10**12 - 1  # what twelve digits write (~931 GiB)
+MEMORY_LIMIT_HELP = ("the container's memory limit in bytes (0: not known); request bodies in flight are then "
+                     "held to 3/8 of it, less the peak of the body being decoded. The chart sets it from "
+                     "resources.limits.memory (the downward API)")
+
+
+def memory_limit_flag(text: object) -> int:
+    """--memory-limit-bytes: 0, or from MIN_MEMORY_LIMIT to MAX_MEMORY_LIMIT; InputError naming the flag."""
+    value = whole_flag("--memory-limit-bytes", text, 0, MAX_MEMORY_LIMIT)
+    if 0 < value < MIN_MEMORY_LIMIT:
+        raise InputError(f"--memory-limit-bytes {value}: expected 0 (not known) or at least {MIN_MEMORY_LIMIT} "
+                         "(32 MiB)")
+    return value
+
+
 def seconds_flag(flag: str, text: object, high: float, low: float = MIN_SECONDS) -> float:
     """A flag's seconds (digits, an optional decimal part: no exponent, sign, nan or inf), from `low` (by default
     MIN_SECONDS) to `high`; InputError naming the flag otherwise."""

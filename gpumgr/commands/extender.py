@@ -6,9 +6,11 @@ import argparse
 from typing import Any
 
 from gpumgr.commands.common import (
+    MEMORY_LIMIT_HELP,
     check_log_level,
     env_default,
     env_flag,
+    memory_limit_flag,
     parse_listen,
     seconds_flag,
     stop_on_signals,
@@ -70,6 +72,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--max-body-bytes", default=env_default("--max-body-bytes", str(DEFAULT_MAX_BODY)), metavar="N",
                    help=f"largest request body, after decompression, {MIN_BODY_BYTES} to {MAX_BODY_BYTES} (64 MiB) "
                    f"(default {DEFAULT_MAX_BODY}: 1 MiB)")
+    p.add_argument("--memory-limit-bytes", default=env_default("--memory-limit-bytes", "0"), metavar="N",
+                   help=MEMORY_LIMIT_HELP + "; a --max-body-bytes that cannot fit in it is refused")
     p.add_argument("--header-timeout", default=env_default("--header-timeout", str(DEFAULT_HEADER_TIMEOUT)),
                    metavar="S", help=f"seconds (at most {MAX_TIMEOUT:g}) for a request's headers, and idle "
                    f"connections (default {DEFAULT_HEADER_TIMEOUT:g})")
@@ -143,12 +147,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _limits(args: argparse.Namespace) -> Any:
-    from gpumgr.serving.body import Limits
+    from gpumgr.serving.body import BodyBudgetError, Limits
 
-    return Limits(max_body_bytes=whole_flag("--max-body-bytes", args.max_body_bytes, MIN_BODY_BYTES, MAX_BODY_BYTES),
-                  header_timeout=seconds_flag("--header-timeout", args.header_timeout, MAX_TIMEOUT),
-                  body_timeout=seconds_flag("--body-timeout", args.body_timeout, MAX_TIMEOUT),
-                  max_connections=whole_flag("--max-connections", args.max_connections, 1, MAX_CONNECTIONS))
+    body = whole_flag("--max-body-bytes", args.max_body_bytes, MIN_BODY_BYTES, MAX_BODY_BYTES)
+    memory = memory_limit_flag(args.memory_limit_bytes)
+    try:
+        return Limits(max_body_bytes=body, header_timeout=seconds_flag("--header-timeout", args.header_timeout,
+                                                                       MAX_TIMEOUT),
+                      body_timeout=seconds_flag("--body-timeout", args.body_timeout, MAX_TIMEOUT),
+                      max_connections=whole_flag("--max-connections", args.max_connections, 1, MAX_CONNECTIONS),
+                      memory_limit_bytes=memory)
+    except BodyBudgetError as e:
+        raise InputError(f"--max-body-bytes {body} with --memory-limit-bytes {memory}: {e}") from None
 
 
 def _election(args: argparse.Namespace) -> Any:

@@ -7,9 +7,11 @@ import re
 from typing import TYPE_CHECKING
 
 from gpumgr.commands.common import (
+    MEMORY_LIMIT_HELP,
     check_log_level,
     env_default,
     env_flag,
+    memory_limit_flag,
     parse_listen,
     seconds_flag,
     stop_on_signals,
@@ -55,6 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--max-connections", default=env_default("--max-connections", "256"), metavar="N",
                    help=f"open connections at once, 1 to {MAX_CONNECTIONS}; more are answered 503 and closed "
                    "(default 256)")
+    p.add_argument("--memory-limit-bytes", default=env_default("--memory-limit-bytes", "0"), metavar="N",
+                   help=MEMORY_LIMIT_HELP)
     p.add_argument("--log-level", default=env_default("--log-level", "info"), help="debug, info, warning, error")
     p.set_defaults(func=run)
 
@@ -78,7 +82,8 @@ def _limits(args: argparse.Namespace) -> dict[str, float]:
     """WebhookServer keyword arguments from the limit flags; InputError naming the flag otherwise."""
     return {"max_cards": whole_flag("--max-cards-per-container", args.max_cards_per_container, 1, MAX_CARDS_CEILING),
             "header_timeout": seconds_flag("--header-timeout", args.header_timeout, MAX_HEADER_TIMEOUT),
-            "max_connections": whole_flag("--max-connections", args.max_connections, 1, MAX_CONNECTIONS)}
+            "max_connections": whole_flag("--max-connections", args.max_connections, 1, MAX_CONNECTIONS),
+            "memory_limit_bytes": memory_limit_flag(args.memory_limit_bytes)}
 
 
 def _tls(args: argparse.Namespace) -> TlsFiles | None:
@@ -118,7 +123,8 @@ async def _serve(scheduler_name: str, tls: TlsFiles | None, host: str, port: int
 
     log = logging.getLogger("gpumgr.webhook")
     server = WebhookServer(scheduler_name, tls, header_timeout=limits["header_timeout"],
-                           max_connections=int(limits["max_connections"]), max_cards=int(limits["max_cards"]))
+                           max_connections=int(limits["max_connections"]), max_cards=int(limits["max_cards"]),
+                           memory_limit_bytes=int(limits["memory_limit_bytes"]))
     stop = stop_on_signals()
     try:
         await server.start(host, port)

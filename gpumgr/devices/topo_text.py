@@ -5,7 +5,8 @@ affinity columns (sometimes blank, ranges or lists), a GPU NUMA ID column, a leg
 being pasted into scripts, and a misaligned header. Only the GPU x GPU block and each GPU's NUMA node are kept.
 Pastes often carry a UTF-8 byte-order mark, or a header whose GPU names ran together (`GPU0GPU1GPU2`); both
 are read. Broken input raises `TopoParseError` naming the line. At most `max_gpus` GPU columns (default
-1024) are accepted, and a GPU index has at most 4 ASCII digits.
+1024) are accepted, and a GPU index has at most 4 ASCII digits; a header column or row label that starts with
+`GPU` but is not `GPU<ASCII digits>` (`GPU١`, `GPUx`) is refused with its line, never read as another device.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ _GPU_RUN = re.compile(r"(GPU[0-9]+)")
 _AFFINITY_START = {"CPU", "NUMA"}
 MAX_INDEX_DIGITS = 4
 DEFAULT_MAX_GPUS = 1024
+LABEL_RULE = "a GPU label is GPU followed by ASCII digits (GPU0, GPU1, ...)"
 
 
 class TopoParseError(ValueError):
@@ -39,9 +41,11 @@ def parse_topo_text(text: str, source: str = "<topo>", max_gpus: int = DEFAULT_M
         line = lines[no]
         first = line.split(maxsplit=1)[0] if line.strip() else ""
         m = _GPU.fullmatch(first)
-        if not m:
-            continue
         where = f"{source}:{no + 1}"
+        if not m:
+            if first.startswith("GPU"):  # GPU١, GPUx: a malformed label, never another kind of row
+                raise TopoParseError(f"{where}: {_clip(first)!r} is not a GPU label: {LABEL_RULE}")
+            continue
         idx = _index(m.group(1), where)
         if idx >= n:
             raise TopoParseError(f"{where}: row GPU{idx} but the header has only {n} GPU columns")
@@ -134,6 +138,8 @@ def _header_columns(tokens: list[str], where: str) -> tuple[list[str], list[str]
     for tok in devices:
         m = _GPU.fullmatch(tok)
         if not m:
+            if tok.startswith("GPU"):  # GPU١ would otherwise end the GPU columns: a one-GPU node, no error
+                raise TopoParseError(f"{where}: header column {_clip(tok)!r} is not a GPU label: {LABEL_RULE}")
             break
         _index(m.group(1), where)
         gpus.append(tok)

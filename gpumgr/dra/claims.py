@@ -17,6 +17,8 @@ from gpumgr.dra.slices import CORES, MIB, memory_ceiling
 from gpumgr.requests.claim_results import ResultError, allocated_results, device_amount
 
 MAX_RESERVED = 256  # a claim may be reserved for at most 256 consumers (ResourceClaimReservedForMaxSize)
+MAX_NAMED = 5  # pods named in an error (the rest counted): 256 names made a 1,670-character message
+MAX_NAME_SHOWN = 253  # characters of one pod name in an error
 MAX_DRIVER = 63  # characters of another driver's name quoted in an error (a driver name is a DNS subdomain)
 _UID = re.compile(r"^[0-9a-zA-Z][0-9a-zA-Z-]{0,62}$")
 
@@ -118,7 +120,9 @@ def check_enforceable(grant: ClaimGrant, inventory: Inventory, memory_unit_mib: 
     limited = any(c.cores < CORES or c.memory_bytes < memory_ceiling(inventory.gpus[c.index].memory_mib,
                                                                      memory_unit_mib) for c in cards)
     if limited and len(grant.pods) > 1:
-        names = ", ".join(p.name or p.uid for p in grant.pods)
+        shown = [p.name or p.uid for p in grant.pods[:MAX_NAMED]]
+        more = len(grant.pods) - len(shown)
+        names = ", ".join(n[:MAX_NAME_SHOWN] for n in shown) + (f" and {more} more" if more else "")
         raise ClaimError(f"{label} is a fractional (limited) claim shared by {len(grant.pods)} pods ({names}); "
                          "each pod would get the whole limit: a limited claim may be used by one pod only "
                          "(give each pod its own claim, e.g. a ResourceClaimTemplate; whole-card claims may be "

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 from collections.abc import Callable
 from typing import Any
+
+from gpumgr.kube.pace import MAX_PAGE_BYTES, MAX_PAGE_ELEMENTS, read_capped
+from gpumgr.serving import jsonbound
 
 Obj = dict[str, Any]
 TIMEOUT = (5, 30)
@@ -28,8 +30,11 @@ class DraKube:
         kwargs.setdefault("_request_timeout", TIMEOUT)
         kwargs["_preload_content"] = False
         loop = asyncio.get_running_loop()
-        resp = await loop.run_in_executor(None, functools.partial(fn, *args, **kwargs))
-        return json.loads(resp.data) if resp.data else {}
+        call = functools.partial(fn, *args, **kwargs)
+        # read in the thread too, within MAX_PAGE_BYTES and MAX_PAGE_ELEMENTS: a broken API server's answer is
+        # refused (ListTooLarge, a ValueError naming the bound), never read whole (gpumgr.kube.pace)
+        raw = await loop.run_in_executor(None, lambda: read_capped(call(), MAX_PAGE_BYTES, fn.__name__))
+        return jsonbound.loads(raw, max_elements=MAX_PAGE_ELEMENTS, max_depth=64, what=fn.__name__) if raw else {}
 
     async def get_claim(self, namespace: str, name: str) -> Obj | None:
         from kubernetes.client.exceptions import ApiException
@@ -62,6 +67,17 @@ class DraKube:
         doc = await self._run(self.api.list_resource_slice,
                               field_selector=f"spec.driver={driver},spec.nodeName={node}")
         return list(doc.get("items") or [])
+
+    async def get_slice(self, name: str) -> Obj | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj: Obj = await self._run(self.api.read_resource_slice, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return obj
 
     async def create_slice(self, body: Obj) -> Obj:
         created: Obj = await self._run(self.api.create_resource_slice, body)

@@ -22,7 +22,7 @@ from gpumgr.dra import cdi
 from gpumgr.dra.claims import ClaimError, ClaimGrant, check_enforceable, check_uid, grant_from_claim, per_card
 from gpumgr.dra.config import DraConfig
 from gpumgr.dra.mig_prepare import MigClaims, MigResult, first_pod, mig_results_of
-from gpumgr.dra.slices import CORES, MIB, memory_ceiling
+from gpumgr.dra.slices import CORES, MIB, device_name, memory_ceiling
 from gpumgr.node.claims import LEDGER_PREFIX, claim_keys, vdevice_key
 from gpumgr.node.state import NodeState
 from gpumgr.node.vdevices import start_server
@@ -132,7 +132,7 @@ class ClaimPreparer:
             if [(a.key, a.cards, a.cores, a.memory_mib) for a in held] != \
                     [(a.key, a.cards, a.cores, a.memory_mib) for a in wanted]:
                 raise ClaimError(f"{label} (UID {grant.uid}) is already prepared with other devices "
-                                 f"({[a.cards for a in held]}); unprepare it first")
+                                 f"({_devices(held)}; the claim now names {_devices(wanted)}); unprepare it first")
         else:
             def take(ledger: Ledger) -> None:
                 for a in wanted:
@@ -259,6 +259,16 @@ class ClaimPreparer:
         its vDevice server and CDI spec back."""
         async with self._lock(grant.uid):
             await self._prepare(grant, check_health=False)
+
+
+def _devices(allocs: list[Allocation]) -> str:
+    """`gpu-6 (30 cores, 4096 MiB), gpu-7 (whole card)`: the devices as the claim's results name them."""
+    out = []
+    for a in allocs:
+        name = a.holder.device if isinstance(a.holder, ClaimHolder) and a.holder.device else \
+            ", ".join(device_name(c) for c in a.cards)
+        out.append(f"{name} ({'whole card' if a.cores >= CORES else f'{a.cores} cores, {a.memory_mib} MiB'})")
+    return ", ".join(out)
 
 
 def _forget_task(running: set[asyncio.Task[list[PreparedDevice]]]) \

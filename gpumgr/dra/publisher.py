@@ -85,17 +85,31 @@ class SlicePublisher:
                 if s is not current:
                     await self.kube.delete_slice(s["metadata"]["name"])
             if current is None:
+                # ours by name but no longer this node's or this driver's (its spec edited by someone else)?
+                current = await self.kube.get_slice(self.slice_name)
+                if current is not None:
+                    log.warning("ResourceSlice %s was changed by someone else to driver %r, node %r: putting "
+                                "this node's pool back in it", self.slice_name,
+                                str((current.get("spec") or {}).get("driver"))[:63],
+                                str((current.get("spec") or {}).get("nodeName"))[:253])
+                elif self.published is not None:
+                    log.warning("ResourceSlice %s was deleted by someone else: publishing it again",
+                                self.slice_name)
+            if current is None:
                 spec = self.wanted(1)
                 await self.kube.create_slice({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
                                               "metadata": {"name": self.slice_name}, "spec": spec})
                 log.info("ResourceSlice %s created: %d devices", self.slice_name, len(spec["devices"]))
             else:
                 old_spec = current.get("spec") or {}
-                generation = int((old_spec.get("pool") or {}).get("generation") or 0)
+                generation = _generation(old_spec)
                 spec = self.wanted(generation + 1)
                 if _same(old_spec, spec):
                     self.published = _strip(spec)  # what the API shows, not what the node shows by now
                     return True
+                if self.published is not None and _strip(old_spec) != self.published:
+                    log.warning("ResourceSlice %s was edited by someone else (it is not what this agent wrote): "
+                                "putting it back", self.slice_name)
                 body = dict(current, spec=spec)
                 await self.kube.replace_slice(self.slice_name, body)
                 log.info("ResourceSlice %s updated: pool generation %d", self.slice_name, generation + 1)
@@ -180,6 +194,12 @@ class SlicePublisher:
             for name in self.slice_names(len(self.wanted_all(0))):
                 with contextlib.suppress(Exception):
                     await self.kube.delete_slice(name)
+
+
+def _generation(spec: dict[str, Any]) -> int:
+    """The pool's generation, 0 when someone wrote something that is not a whole number there."""
+    value = (spec.get("pool") or {}).get("generation") if isinstance(spec.get("pool"), dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**62 else 0
 
 
 def _strip(spec: dict[str, Any]) -> dict[str, Any]:

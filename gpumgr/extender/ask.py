@@ -40,8 +40,11 @@ def pod_ask(pod: Mapping[str, Any]) -> PodAsk:
         accepted, refused, invalid = [], [], invalid or str(e)
     acc = tuple(sorted({m.lower() for m in accepted}))
     ref = tuple(sorted({m.lower() for m in refused}))
+    # Everything that decides a verdict is in the key: the shape, the model lists, the parsed choices and, for a
+    # pod whose annotations did not parse, the reason (its choices parse to none: without the reason it would
+    # share the key, and the cached verdicts, of clean pods of its shape)
     key = (";".join(f"{c.cores}/{c.memory_units}" for c in containers) + "|" + ",".join(acc) + "|" + ",".join(ref)
-           + "|" + choices_key(choices))
+           + "|" + choices_key(choices) + ("|!" + invalid if invalid else ""))
     return PodAsk(containers=tuple(containers), accepted=acc, refused=ref, invalid=invalid, key=key, choices=choices)
 
 

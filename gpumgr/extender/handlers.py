@@ -72,7 +72,6 @@ def build_probe_app(view: ClusterView, gate: Gate | None = None, health: Health 
 
 
 MAX_UNKNOWN_NAMES = 1000  # node names per call the extender does not know (new nodes its watch has not shown yet)
-JSON_BYTES_PER_CONTAINER = 16  # a body may hold one JSON object or array per this many bytes (see decode_json)
 SYNCING = "the gpumgr extender is still listing nodes and pods; try again shortly"
 
 
@@ -87,7 +86,7 @@ class Routes:
         self.limits = limits
         self.budget = BodyBudget(limits.budget_bytes)
         self.lane = SmallestFirst()
-        self.max_json_containers = max(1024, limits.max_body_bytes // JSON_BYTES_PER_CONTAINER)
+        self.max_json_elements = limits.max_json_elements
 
     def _check_known(self, names: list[str]) -> None:
         """A scheduler names the nodes of its cluster: a call naming many the extender has never seen is refused
@@ -99,7 +98,7 @@ class Routes:
                              f"{MAX_UNKNOWN_NAMES} may be unknown; the gpumgr extender knows {len(nodes)} nodes)")
 
     def _decode(self, raw: bytes) -> Any:
-        return decode_json(raw, self.max_json_containers)
+        return decode_json(raw, self.max_json_elements)
 
     def _not_leading(self) -> web.Response | None:
         why = self.gate() if self.gate is not None else ""

@@ -14,6 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpumgr.kube.pace import MAX_PAGE_BYTES, MAX_PAGE_ELEMENTS, ListTooLarge, read_capped
+from gpumgr.serving import jsonbound
+
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 5.0
@@ -21,6 +24,7 @@ CALL_TIMEOUT = 10.0  # read timeout of one get, patch, bind or list page
 POOL_SIZE = 6  # HTTP connections of the kubernetes client (three watches, their re-lists)
 MERGE_PATCH = "application/merge-patch+json"
 CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
+MAX_DEPTH = 64  # of an API object as JSON (a pod with managedFields nests ~20 deep)
 
 
 class ApiCallError(Exception):
@@ -63,11 +67,14 @@ class KubeAccess:
 
     # -- blocking, for the watcher threads ------------------------------------------------------------------
     def list_page(self, resource: str, limit: int, cont: str | None) -> dict[str, Any]:
+        """One page of a list, read within MAX_PAGE_BYTES and MAX_PAGE_ELEMENTS (gpumgr.kube.pace): a server that
+        ignores `limit` and sends everything at once is cut off (ApiCallError naming the bound), not read whole."""
         kwargs: dict[str, Any] = {"limit": limit}
         if cont:
             kwargs["_continue"] = cont
-        return _json(self._call(self._lister(resource), _request_timeout=(CONNECT_TIMEOUT, 60.0),
-                                _preload_content=False, **kwargs))
+        resp = self._call(self._lister(resource), _request_timeout=(CONNECT_TIMEOUT, 60.0),
+                          _preload_content=False, **kwargs)
+        return _json(_read_capped(resp, f"the list of {resource} (limit {limit})"), f"the list of {resource}")
 
     def open_watch(self, resource: str, resource_version: str, timeout_seconds: int) -> Any:
         """A streaming response of watch events (one JSON object per line)."""
@@ -127,11 +134,21 @@ class KubeAccess:
             raise ApiCallError(0, f"{type(e).__name__}: {e}") from None
 
 
-def _json(resp: Any) -> dict[str, Any]:
+def _read_capped(resp: Any, what: str) -> bytes:
+    """The body within MAX_PAGE_BYTES (gpumgr.kube.pace.read_capped), failures as ApiCallError."""
     try:
-        doc = json.loads(resp.data)
+        return read_capped(resp, MAX_PAGE_BYTES, what)
+    except ListTooLarge as e:
+        raise ApiCallError(0, str(e)) from None
+    except Exception as e:  # noqa: BLE001 - urllib3 / socket errors mid-body
+        raise ApiCallError(0, f"{what}: the answer broke off: {type(e).__name__}: {e}") from None
+
+
+def _json(raw: bytes, what: str) -> dict[str, Any]:
+    try:
+        doc = jsonbound.loads(raw, max_elements=MAX_PAGE_ELEMENTS, max_depth=MAX_DEPTH, what=what)
     except ValueError as e:
-        raise ApiCallError(0, f"the API answered with something that is not JSON: {e}") from None
+        raise ApiCallError(0, f"the API answered with something gpumgr will not decode: {e}") from None
     if not isinstance(doc, dict):
         raise ApiCallError(0, "the API answered with JSON that is not an object")
     return doc

@@ -17,18 +17,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpumgr.extender.kubeaccess import ApiCallError, KubeAccess
+from gpumgr.extender.kubeaccess import MAX_DEPTH, ApiCallError, KubeAccess
+from gpumgr.kube.pace import MAX_EVENT_BYTES, QUICK_WATCH_S, Backoff, BookmarkPace, page_count_cap
+from gpumgr.serving import jsonbound
 
 log = logging.getLogger(__name__)
 
 PAGE = 500
+# Objects one list may hold (the raw items, before `transform`): Kubernetes supports 5,000 nodes and 150,000
+# pods per cluster; the extender's calls name at most 20,000 nodes (wire.MAX_NODES).
+MAX_ITEMS = {"nodes": 20_000, "pods": 300_000, "resourceclaims": 100_000}
+DEFAULT_MAX_ITEMS = 100_000
 WATCH_SECONDS = 300
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 10.0
 
@@ -50,6 +56,8 @@ class Watcher:
         self._lock = threading.Lock()
         self._waiting: list[asyncio.Future[None]] = []  # relist() callers, completed after the next list
         self._resp: Any = None
+        self._quick = Backoff()  # pauses after watches that end at once, across lists (a 410 loop)
+        self.bookmark_floods = 0  # watches ended because bookmarks came too fast (gpumgr.kube.pace)
         self.optional = optional
         self.absent = False  # the API does not serve the resource: the watcher has ended
         self._thread = threading.Thread(target=self._run, name=f"gpumgr-extender-watch-{resource}", daemon=True)
@@ -137,11 +145,23 @@ class Watcher:
         items: list[Any] = []
         cont: str | None = None
         first_rv = ""
+        cap = MAX_ITEMS.get(self.resource, DEFAULT_MAX_ITEMS)
+        seen = pages = 0
         while True:
             page = self.access.list_page(self.resource, PAGE, cont)
+            pages += 1
             meta = page.get("metadata") or {}
             first_rv = first_rv or str(meta.get("resourceVersion") or "")
-            for obj in page.get("items") or []:
+            got = page.get("items") or []
+            seen += len(got) if isinstance(got, list) else 0
+            if seen > cap:
+                raise ApiCallError(0, f"the list of {self.resource} goes past {cap} objects ({seen} in {pages} "
+                                      "pages): not read further (a cluster larger than gpumgr supports, or a broken "
+                                      "API server)")
+            if pages >= page_count_cap(cap, PAGE) and meta.get("continue"):
+                raise ApiCallError(0, f"the list of {self.resource} did not end after {pages} pages ({seen} "
+                                      "objects): not read further (a broken API server)")
+            for obj in got if isinstance(got, list) else ():
                 out = self._transform(obj)
                 if out is not None:
                     items.append(out)
@@ -153,40 +173,54 @@ class Watcher:
         return first_rv
 
     def _watch(self, rv: str) -> None:
-        """Follow events from `rv` until the stop flag, a 410, or an error (raised)."""
-        from kubernetes.watch.watch import iter_resp_lines
+        """Follow events from `rv` until the stop flag, a 410, or an error (raised). A watch that ends at once
+        with nothing in it (410 again and again, a stream closed right away) is followed by a growing pause."""
         from urllib3.exceptions import HTTPError
 
+        pace = BookmarkPace()
+        backoff = self._quick
         while not self._stop.is_set() and not self._relist.is_set():
+            opened, events = time.monotonic(), 0
             try:
                 resp = self.access.open_watch(self.resource, rv, WATCH_SECONDS)
             except ApiCallError as e:
                 if e.status == 410:
+                    self._pause_if_quick(opened, 0, backoff)
                     return
                 raise
             self._resp = resp
             ended = False  # the server ended the stream: the connection may carry the next request
+            flooded = False  # bookmarks came too fast: the stream was cut, resume after a pause
             try:
                 if self._stop.is_set() or self._relist.is_set():  # asked for while the watch was opening
                     return
-                for line in iter_resp_lines(resp):
+                for line in event_lines(resp):
                     if self._stop.is_set() or self._relist.is_set():
                         return
-                    if not line.strip():
-                        continue
-                    event = json.loads(line)
+                    event = _event(line)
                     kind, obj = event.get("type"), event.get("object") or {}
                     if kind == "ERROR":
                         if obj.get("code") == 410:
                             log.info("watch %s: resourceVersion %s expired; listing again", self.resource, rv)
+                            self._pause_if_quick(opened, events, backoff)
                             return
                         raise ApiCallError(int(obj.get("code") or 0), str(obj.get("message") or obj))
+                    events += 1
                     rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
                     if kind in ("ADDED", "MODIFIED", "DELETED"):
                         out = self._transform(obj)
                         if out is not None:
                             self._post(self._on_event, kind, out)
-                ended = True
+                    elif kind == "BOOKMARK" and not pace.allow(time.monotonic()):
+                        log.warning("watch %s: the API server sends bookmarks faster than %g a second (after %d); "
+                                    "ending this watch, resuming after %.1fs", self.resource, pace.per_s,
+                                    pace.burst, backoff.current)
+                        self.bookmark_floods += 1
+                        flooded = True
+                        break  # cut: the connection is dropped with whatever the server queued on it
+                else:
+                    ended = True
+                    self._pause_if_quick(opened, events, backoff)
             except (OSError, ValueError, HTTPError) as e:
                 if self._stop.is_set() or self._relist.is_set():
                     return
@@ -199,6 +233,14 @@ class Watcher:
                     with contextlib.suppress(Exception):
                         resp.close()
                 resp.release_conn()
+            if flooded:
+                self._wake.wait(backoff.next())  # after the connection is gone; stop and relist end it early
+
+    def _pause_if_quick(self, opened: float, events: int, backoff: Backoff) -> None:
+        if events == 0 and time.monotonic() - opened < QUICK_WATCH_S:
+            self._wake.wait(backoff.next())
+        else:
+            backoff.reset()
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         if self._loop.is_closed():
@@ -208,6 +250,35 @@ class Watcher:
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop is closed: we are shutting down
             self._stop.set()
+
+
+def event_lines(resp: Any) -> Iterator[bytes]:
+    """The non-blank lines of a watch stream (a urllib3 response), each at most MAX_EVENT_BYTES (ApiCallError past
+    it: the rest of such a line is never buffered)."""
+    buf = bytearray()
+    for chunk in resp.stream(1 << 16):
+        searched = len(buf)  # bytes known to hold no newline: a long event is scanned once
+        buf += chunk
+        while (nl := buf.find(b"\n", searched)) >= 0:
+            line = bytes(buf[:nl])
+            del buf[:nl + 1]
+            searched = 0
+            if line.strip():
+                yield line
+        if len(buf) > MAX_EVENT_BYTES:
+            raise ApiCallError(0, f"a watch event over {MAX_EVENT_BYTES} bytes: the stream is cut off")
+    if buf.strip():
+        yield bytes(buf)
+
+
+def _event(line: bytes) -> dict[str, Any]:
+    try:
+        event = jsonbound.loads(line, max_elements=MAX_EVENT_BYTES // 8, max_depth=MAX_DEPTH, what="a watch event")
+    except ValueError as e:
+        raise ApiCallError(0, str(e)) from None
+    if not isinstance(event, dict) or not isinstance(event.get("object") or {}, dict):
+        raise ApiCallError(0, "a watch event that is not an object with an object")
+    return event
 
 
 def cut_stream(resp: Any) -> None:

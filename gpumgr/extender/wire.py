@@ -14,8 +14,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from gpumgr.serving import jsonbound
+
 MAX_NODES = 20_000  # NodeNames / Nodes.items per call (Kubernetes supports 5,000 nodes per cluster)
 MAX_NAME = 253  # DNS subdomain: the longest node, pod or namespace name
+MAX_DEPTH = 64  # a Pod with managedFields nests about 20 deep; a NodeList item about 10
 MAX_CONTAINERS = 256  # per containers / initContainers list (real pods have a handful; the API caps pods at ~1.5 MB)
 _PLAIN = re.compile(r"[A-Za-z0-9._\-]*")  # characters JSON strings carry unescaped
 
@@ -24,19 +27,13 @@ class BadRequest(ValueError):
     """A request body the extender cannot use; answered with HTTP 400 and this message."""
 
 
-def decode_json(raw: bytes, max_containers: int | None = None) -> Any:
-    """The body as JSON. With `max_containers`, a body with more `{` and `[` than that (counted in the raw bytes,
-    strings included: an upper bound) is refused before decoding, which bounds what decoding can allocate."""
-    if max_containers is not None:
-        count = raw.count(b"{") + raw.count(b"[")
-        if count > max_containers:
-            raise BadRequest(f"the body has {count} JSON objects and arrays; at most {max_containers} are accepted")
+def decode_json(raw: bytes, max_elements: int, max_depth: int = MAX_DEPTH) -> Any:
+    """The body as JSON, refused before decoding when it may hold more than `max_elements` keys, values, objects
+    and arrays or nests deeper than `max_depth` (`gpumgr.serving.jsonbound`): what decoding can allocate is bounded."""
     try:
-        return json.loads(raw)
-    except RecursionError:
-        raise BadRequest("the body is nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadRequest(f"the body is not JSON: {e}") from None
+        return jsonbound.loads(raw, max_elements=max_elements, max_depth=max_depth)
+    except jsonbound.JsonBoundsError as e:
+        raise BadRequest(str(e)) from None
 
 
 def parse_extender_args(doc: Any) -> ExtenderArgs:

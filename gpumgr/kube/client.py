@@ -17,12 +17,17 @@ from typing import Any
 from urllib.parse import quote
 
 from gpumgr.kube.kubeconfig import ClusterAccess, in_cluster, load_kubeconfig
+from gpumgr.kube.pace import MAX_PAGE_BYTES, page_count_cap
 from gpumgr.kube.rest import STRATEGIC_MERGE_PATCH, ApiError, KubeRest
 
 log = logging.getLogger("gpumgr.kube")
 
 CONFLICT_RETRIES = 8
 POD_CONDITION = "gpumgr.io/GPUAllocated"  # condition set False on a pod failed because its GPU share cannot hold it
+LIST_PAGE = 500  # pods per page of a list
+# Pods on one node a list may hold: kubelets run at most a few hundred (--max-pods), plus terminated pods not yet
+# collected; a list past this is a broken API server (or a node gpumgr cannot serve), refused with an error.
+MAX_NODE_PODS = 5_000
 TIMEOUT = (5, 30)  # (connect, read) seconds for every call: a black-holed API server must not hang a call
 
 
@@ -67,10 +72,26 @@ class KubeClient:
 
     # -- pods -----------------------------------------------------------------------------------------------
     async def list_node_pods(self, node: str) -> tuple[list[dict[str, Any]], str]:
-        """The pods bound to `node` and the list's resourceVersion (to start a watch from)."""
-        res = await self.rest.request("GET", "/api/v1/pods", params={"fieldSelector": f"spec.nodeName={node}"})
-        items = [p for p in res.get("items") or [] if isinstance(p, dict)]
-        return items, str((res.get("metadata") or {}).get("resourceVersion") or "")
+        """The pods bound to `node` and the list's resourceVersion (to start a watch from). Read in pages of
+        LIST_PAGE, each within MAX_PAGE_BYTES, at most MAX_NODE_PODS in all: a server that ignores `limit` or
+        never stops sending pages gets an ApiError naming the bound, not the agent's memory."""
+        items: list[dict[str, Any]] = []
+        params = {"fieldSelector": f"spec.nodeName={node}", "limit": str(LIST_PAGE)}
+        rv = ""
+        for page in range(page_count_cap(MAX_NODE_PODS, LIST_PAGE)):
+            res = await self.rest.request("GET", "/api/v1/pods", params=params, max_bytes=MAX_PAGE_BYTES)
+            got = res.get("items") or []
+            items += [p for p in got if isinstance(p, dict)] if isinstance(got, list) else []
+            meta = res.get("metadata") or {}
+            rv = rv or str(meta.get("resourceVersion") or "")
+            if len(items) > MAX_NODE_PODS:
+                raise ApiError(200, "TooManyPods", f"the list of the pods on node {node} goes past {MAX_NODE_PODS} "
+                               f"({len(items)} in {page + 1} pages): not read further (a broken API server?)")
+            cont = str(meta.get("continue") or "")
+            if not cont:
+                return items, rv
+            params = {**params, "continue": cont}
+        raise ApiError(200, "TooManyPages", f"the list of the pods on node {node} did not end after {page + 1} pages")
 
     def watch_node_pods(self, node: str, resource_version: str,
                         timeout_s: int) -> AsyncGenerator[dict[str, Any], None]:

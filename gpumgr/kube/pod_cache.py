@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpumgr.kube.client import KubeClient
+from gpumgr.kube.pace import BookmarkPace
 from gpumgr.kube.rest import ApiError, status_error
 
 log = logging.getLogger("gpumgr.kube")
@@ -43,6 +44,7 @@ class PodCache:
         self._task: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[], None]] = []
         self.lists = 0  # full lists done by the watch task (a resumed watch does none)
+        self.bookmark_floods = 0  # watches ended because bookmarks came too fast (gpumgr.kube.pace)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self, on_change: Callable[[], None] | None = None) -> None:
@@ -133,10 +135,11 @@ class PodCache:
                     self.lists += 1
                     self._replace(pods, rv)
                     self._synced.set()
-                began = loop.time()
+                began, floods = loop.time(), self.bookmark_floods
                 rv = await self._watch(rv)
                 failed_resumes = 0
-                if loop.time() - began < 1.0:  # a server that ends every watch at once must not be hammered
+                # a server that ends every watch at once, or floods it with bookmarks, must not be hammered
+                if loop.time() - began < 1.0 or self.bookmark_floods > floods:
                     await asyncio.sleep(_jitter(backoff))
                     backoff = min(backoff * 2, 10.0)
                 else:
@@ -157,6 +160,7 @@ class PodCache:
     async def _watch(self, rv: str) -> str:
         """One watch from `rv`; the version to resume from, or "" when the cache must be listed again."""
         # closed on every way out (an error, a 410), so the stream's connection goes back at once, not at GC
+        pace = BookmarkPace()
         async with contextlib.aclosing(self.kube.watch_node_pods(self.node, rv, WATCH_TIMEOUT_S)) as events:
             async for ev in events:
                 kind, obj = str(ev.get("type")), ev["object"]
@@ -169,6 +173,14 @@ class PodCache:
                 seen = (obj.get("metadata") or {}).get("resourceVersion")
                 if kind != "BOOKMARK":
                     self._apply(kind, obj)
+                elif not pace.allow(asyncio.get_running_loop().time()):
+                    log.warning("pod watch on node %s: the API server sends bookmarks faster than %g a second "
+                                "(after %d); ending this watch, resuming after a pause", self.node, pace.per_s,
+                                pace.burst)
+                    self.bookmark_floods += 1
+                    if seen:
+                        rv = str(seen)
+                    return rv  # a quick end: the caller pauses (doubling) before it resumes
                 if seen:
                     rv = str(seen)
         return rv

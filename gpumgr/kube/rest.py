@@ -23,14 +23,18 @@ from typing import Any
 import aiohttp
 
 from gpumgr.kube.kubeconfig import ClusterAccess
+from gpumgr.kube.pace import MAX_EVENT_BYTES, MAX_PAGE_ELEMENTS
+from gpumgr.serving import jsonbound
 
 log = logging.getLogger("gpumgr.kube")
 
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 30.0
-MAX_ANSWER_BYTES = 256 << 20  # one list of the node's pods is a few MiB at most
+MAX_ANSWER_BYTES = 16 << 20  # one object (a pod, a node: at most ~1.5 MiB in etcd); list pages: max_bytes
 MAX_ERROR_BYTES = 64 << 10  # a Status object
-MAX_WATCH_LINE = 32 << 20  # one watch event; a pod is at most ~1.5 MiB in etcd, so this is only a bound
+MAX_WATCH_LINE = MAX_EVENT_BYTES  # one watch event; a pod is at most ~1.5 MiB in etcd, so this is only a bound
+MAX_DEPTH = 64  # of an API object as JSON (a pod with managedFields nests ~20 deep)
+ELEMENT_BYTES = 16  # an answer may hold one JSON key or value per this many bytes (at most MAX_PAGE_ELEMENTS)
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -104,9 +108,11 @@ class KubeRest:
         return self.access.server.rstrip("/") + path
 
     async def request(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
-                      body: Any = None, content_type: str = JSON) -> dict[str, Any]:
-        """One call; the answer's JSON object. A 401 reads the token file again and tries once more (the token
-        may have been rotated between our check and the server's)."""
+                      body: Any = None, content_type: str = JSON, max_bytes: int | None = None) -> dict[str, Any]:
+        """One call; the answer's JSON object, at most `max_bytes` (MAX_ANSWER_BYTES by default) and one JSON
+        element per ELEMENT_BYTES, both checked before decoding. A 401 reads the token file again and tries
+        once more (the token may have been rotated between our check and the server's)."""
+        cap = MAX_ANSWER_BYTES if max_bytes is None else max_bytes
         data = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
         slot = await self._here()
         for attempt in (0, 1):
@@ -118,10 +124,13 @@ class KubeRest:
                     continue
                 if resp.status >= 400:
                     raise _error(resp.status, resp.reason, await _read_capped(resp, MAX_ERROR_BYTES, method, path))
-                raw = await _read_capped(resp, MAX_ANSWER_BYTES, method, path)
+                raw = await _read_capped(resp, cap, method, path)
                 break
         try:
-            doc = json.loads(raw) if raw else {}
+            doc = jsonbound.loads(raw, max_elements=min(MAX_PAGE_ELEMENTS, max(1024, cap // ELEMENT_BYTES)),
+                                  max_depth=MAX_DEPTH, what="the answer") if raw else {}
+        except jsonbound.JsonBoundsError as e:
+            raise ApiError(resp.status, "BadResponse", f"{method} {path}: {e}") from None
         except ValueError:
             raise ApiError(resp.status, "BadResponse", f"{method} {path}: the answer is not JSON") from None
         if not isinstance(doc, dict):
@@ -240,9 +249,10 @@ async def _read_capped(resp: aiohttp.ClientResponse, cap: int, method: str, path
 
 def _event(line: bytes) -> dict[str, Any]:
     try:
-        ev = json.loads(line)
+        ev = jsonbound.loads(line, max_elements=MAX_WATCH_LINE // ELEMENT_BYTES, max_depth=MAX_DEPTH,
+                             what="a watch event")
     except ValueError:
-        raise ApiError(200, "BadResponse", f"a watch event is not JSON: {line[:80]!r}") from None
+        raise ApiError(200, "BadResponse", f"a watch event is not JSON within bounds: {line[:80]!r}") from None
     if not isinstance(ev, dict) or not isinstance(ev.get("object"), dict):
         raise ApiError(200, "BadResponse", f"a watch event without an object: {line[:80]!r}")
     return ev

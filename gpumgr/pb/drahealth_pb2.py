@@ -24,23 +24,23 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gpumgr/pb/drahealth.proto\x12\x02v1\"\x1b\n\x19NodeWatchResourcesRequest\"?\n\x1aNodeWatchResourcesResponse\x12!\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x10.v1.DeviceHealth\":\n\x10\x44\x65viceIdentifier\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x02 \x01(\t\"\xa8\x01\n\x0c\x44\x65viceHealth\x12$\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x14.v1.DeviceIdentifier\x12 \n\x06health\x18\x02 \x01(\x0e\x32\x10.v1.HealthStatus\x12\x19\n\x11last_updated_time\x18\x03 \x01(\x03\x12$\n\x1chealth_check_timeout_seconds\x18\x04 \x01(\x03\x12\x0f\n\x07message\x18\x05 \x01(\t*7\n\x0cHealthStatus\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0b\n\x07HEALTHY\x10\x01\x12\r\n\tUNHEALTHY\x10\x02\x32l\n\x11\x44RAResourceHealth\x12W\n\x12NodeWatchResources\x12\x1d.v1.NodeWatchResourcesRequest\x1a\x1e.v1.NodeWatchResourcesResponse\"\x00\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19gpumgr/pb/drahealth.proto\x12\x08v1alpha1\"\x1b\n\x19NodeWatchResourcesRequest\"E\n\x1aNodeWatchResourcesResponse\x12\'\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x16.v1alpha1.DeviceHealth\":\n\x10\x44\x65viceIdentifier\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x02 \x01(\t\"\xb4\x01\n\x0c\x44\x65viceHealth\x12*\n\x06\x64\x65vice\x18\x01 \x01(\x0b\x32\x1a.v1alpha1.DeviceIdentifier\x12&\n\x06health\x18\x02 \x01(\x0e\x32\x16.v1alpha1.HealthStatus\x12\x19\n\x11last_updated_time\x18\x03 \x01(\x03\x12$\n\x1chealth_check_timeout_seconds\x18\x04 \x01(\x03\x12\x0f\n\x07message\x18\x05 \x01(\t*7\n\x0cHealthStatus\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0b\n\x07HEALTHY\x10\x01\x12\r\n\tUNHEALTHY\x10\x02\x32x\n\x11\x44RAResourceHealth\x12\x63\n\x12NodeWatchResources\x12#.v1alpha1.NodeWatchResourcesRequest\x1a$.v1alpha1.NodeWatchResourcesResponse\"\x00\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gpumgr.pb.drahealth_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_HEALTHSTATUS']._serialized_start=358
-  _globals['_HEALTHSTATUS']._serialized_end=413
-  _globals['_NODEWATCHRESOURCESREQUEST']._serialized_start=33
-  _globals['_NODEWATCHRESOURCESREQUEST']._serialized_end=60
-  _globals['_NODEWATCHRESOURCESRESPONSE']._serialized_start=62
-  _globals['_NODEWATCHRESOURCESRESPONSE']._serialized_end=125
-  _globals['_DEVICEIDENTIFIER']._serialized_start=127
-  _globals['_DEVICEIDENTIFIER']._serialized_end=185
-  _globals['_DEVICEHEALTH']._serialized_start=188
-  _globals['_DEVICEHEALTH']._serialized_end=356
-  _globals['_DRARESOURCEHEALTH']._serialized_start=415
-  _globals['_DRARESOURCEHEALTH']._serialized_end=523
+  _globals['_HEALTHSTATUS']._serialized_start=382
+  _globals['_HEALTHSTATUS']._serialized_end=437
+  _globals['_NODEWATCHRESOURCESREQUEST']._serialized_start=39
+  _globals['_NODEWATCHRESOURCESREQUEST']._serialized_end=66
+  _globals['_NODEWATCHRESOURCESRESPONSE']._serialized_start=68
+  _globals['_NODEWATCHRESOURCESRESPONSE']._serialized_end=137
+  _globals['_DEVICEIDENTIFIER']._serialized_start=139
+  _globals['_DEVICEIDENTIFIER']._serialized_end=197
+  _globals['_DEVICEHEALTH']._serialized_start=200
+  _globals['_DEVICEHEALTH']._serialized_end=380
+  _globals['_DRARESOURCEHEALTH']._serialized_start=439
+  _globals['_DRARESOURCEHEALTH']._serialized_end=559
 # @@protoc_insertion_point(module_scope)

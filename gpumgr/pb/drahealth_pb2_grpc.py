@@ -35,7 +35,7 @@ class DRAResourceHealthStub:
             channel: A grpc.Channel.
         """
         self.NodeWatchResources = channel.unary_stream(
-                '/v1.DRAResourceHealth/NodeWatchResources',
+                '/v1alpha1.DRAResourceHealth/NodeWatchResources',
                 request_serializer=gpumgr_dot_pb_dot_drahealth__pb2.NodeWatchResourcesRequest.SerializeToString,
                 response_deserializer=gpumgr_dot_pb_dot_drahealth__pb2.NodeWatchResourcesResponse.FromString,
                 _registered_method=True)
@@ -61,9 +61,9 @@ def add_DRAResourceHealthServicer_to_server(servicer, server):
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'v1.DRAResourceHealth', rpc_method_handlers)
+            'v1alpha1.DRAResourceHealth', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('v1.DRAResourceHealth', rpc_method_handlers)
+    server.add_registered_method_handlers('v1alpha1.DRAResourceHealth', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -84,7 +84,7 @@ class DRAResourceHealth:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/v1.DRAResourceHealth/NodeWatchResources',
+            '/v1alpha1.DRAResourceHealth/NodeWatchResources',
             gpumgr_dot_pb_dot_drahealth__pb2.NodeWatchResourcesRequest.SerializeToString,
             gpumgr_dot_pb_dot_drahealth__pb2.NodeWatchResourcesResponse.FromString,
             options,

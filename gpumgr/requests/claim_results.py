@@ -27,6 +27,7 @@ MIB = 2**20
 CORES = 100
 MAX_UID = 63
 MAX_POOL = 253
+PUBLISHED_CAPACITY = ("memory", "cores")  # the capacities of every device of the slice (gpumgr.dra.slices)
 MAX_MEMORY = 1 << 60  # bytes, exclusive: no card has an exabyte
 _GPU = re.compile(r"gpu-[0-9]{1,6}")  # ASCII digits only (str.isdigit() takes "²" and "٣")
 _MIG = re.compile(r"gpu-([0-9]{1,4})-mig-[a-z0-9-]{1,40}-([0-9]{1,2})-([0-9]{1,2})\Z")
@@ -123,6 +124,10 @@ def device_amount(r: Mapping[str, Any]) -> DeviceAmount:
         consumed = {}
     if not isinstance(consumed, Mapping):
         raise ResultError(f"{where}: consumedCapacity must be an object, not {_show(consumed)}")
+    unknown = sorted(str(k) for k in consumed if k not in PUBLISHED_CAPACITY)
+    if unknown:  # a capacity the devices never offered: not this driver's allocation, never silently dropped
+        raise ResultError(f"{where}: consumedCapacity names {_show(', '.join(unknown[:4]))}, which this driver does "
+                          f"not publish (its devices have {' and '.join(PUBLISHED_CAPACITY)})")
     try:
         memory = parse_int(consumed["memory"]) if "memory" in consumed else None
         cores = parse_int(consumed["cores"]) if "cores" in consumed else CORES

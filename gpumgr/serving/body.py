@@ -21,6 +21,8 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpumgr.serving.jsonbound import BYTES_PER_ELEMENT
+
 if TYPE_CHECKING:
     from aiohttp import web
 
@@ -28,7 +30,15 @@ DEFAULT_MAX_BODY = 1024 * 1024  # 5,000 node names (~150 KB) plus a large pod, w
 DEFAULT_HEADER_TIMEOUT = 15.0  # seconds for a request's headers (and for an idle kept-alive connection)
 DEFAULT_BODY_TIMEOUT = 10.0  # seconds for a request's whole body (and for the caller to take the answer)
 DEFAULT_MAX_CONNECTIONS = 128  # open connections at once; more are answered 503 and closed
-BUDGET_BODIES = 16  # the bodies in flight at once may add up to this many times the body limit
+BUDGET_BODIES = 16  # the bodies in flight at once may add up to at most this many times the body limit
+# With the container's memory limit known (`memory_limit_bytes`, from the chart's resources.limits.memory), the
+# bodies in flight plus the one body being decoded must fit in this share of it; the rest is the process's own:
+# the extender's view of 5,000 nodes peaks at ~310 MiB of the chart's 512 MiB, the webhook idles at ~40 MiB of
+# its 128 MiB (docs/extender.md, "Request bodies and memory").
+BODY_SHARE = 0.375
+# A body may hold one JSON key, value, object or array per this many bytes (gpumgr.serving.jsonbound): NodeNames are ~30
+# bytes a name, a whole Node (nodeCacheCapable: false) ~25 bytes an element; decoded, at most ~6x the body's bytes.
+JSON_BYTES_PER_ELEMENT = 24
 
 # The bounds of the settings (the flags of `gpumgr extender` and `gpumgr webhook` check them first, by name).
 MIN_BODY_BYTES = 1024  # an extender call with a few node names, or a small AdmissionReview
@@ -153,6 +163,8 @@ class Limits:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT  # also the idle timeout of a kept-alive connection
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    memory_limit_bytes: int = 0  # the container's memory limit (--memory-limit-bytes); 0: not known
+    json_bytes_per_element: int = JSON_BYTES_PER_ELEMENT
 
     def __post_init__(self) -> None:
         if not MIN_BODY_BYTES <= self.max_body_bytes <= MAX_BODY_BYTES:
@@ -161,7 +173,43 @@ class Limits:
             raise ValueError(f"timeouts must be positive and finite, at most {MAX_TIMEOUT:g} s")
         if not 1 <= self.max_connections <= MAX_CONNECTIONS:
             raise ValueError(f"max_connections {self.max_connections}: from 1 to {MAX_CONNECTIONS}")
+        if not 1 <= self.json_bytes_per_element <= 1024:
+            raise ValueError(f"json_bytes_per_element {self.json_bytes_per_element}: from 1 to 1024")
+        if self.memory_limit_bytes < 0:
+            raise ValueError(f"memory_limit_bytes {self.memory_limit_bytes} must not be negative")
+        if self.memory_limit_bytes and self.budget_bytes < self.max_body_bytes:
+            raise BodyBudgetError(
+                f"a body of {self.max_body_bytes} bytes cannot be read within the memory limit of "
+                f"{self.memory_limit_bytes} bytes: a body being decoded takes up to "
+                f"{self.decode_peak_bytes / self.max_body_bytes:.1f} times its size, and bodies must fit in "
+                f"{BODY_SHARE:.1%} of the limit; lower the body limit to at most {self.largest_body()} bytes or "
+                "raise the memory limit")
+
+    @property
+    def max_json_elements(self) -> int:
+        """JSON keys, values, objects and arrays one body may hold (gpumgr.serving.jsonbound)."""
+        return max(1024, self.max_body_bytes // self.json_bytes_per_element)
+
+    @property
+    def decode_peak_bytes(self) -> int:
+        """The most one body takes while it is decoded: its bytes twice (read buffer and the copy handed on)
+        plus its Python objects (gpumgr.serving.jsonbound.BYTES_PER_ELEMENT each)."""
+        return 2 * self.max_body_bytes + self.max_json_elements * BYTES_PER_ELEMENT
 
     @property
     def budget_bytes(self) -> int:
-        return BUDGET_BODIES * self.max_body_bytes
+        """Bytes of bodies in flight at once: BUDGET_BODIES bodies, and with a memory limit no more than its
+        BODY_SHARE less the peak of the one body being decoded (decoding runs one body at a time)."""
+        cap = BUDGET_BODIES * self.max_body_bytes
+        if not self.memory_limit_bytes:
+            return cap
+        return max(0, min(cap, int(self.memory_limit_bytes * BODY_SHARE) - self.decode_peak_bytes))
+
+    def largest_body(self) -> int:
+        """The largest body limit the memory limit admits (one body in flight while another is decoded)."""
+        per_byte = 3 + BYTES_PER_ELEMENT / self.json_bytes_per_element
+        return int(self.memory_limit_bytes * BODY_SHARE / per_byte)
+
+
+class BodyBudgetError(ValueError):
+    """The body limit and the memory limit do not fit together; the message says what to change."""

@@ -10,6 +10,7 @@ with no limits at all.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import logging
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 log = logging.getLogger("gpumgr.vdriver")
 
 SHIM_NAME = "libvcuda.so"
+TMP_PREFIX = f".{SHIM_NAME}."
 DRIVER_PATTERNS = ("libcuda.so*", "libcudadebugger.so*", "libnvidia-*.so*", "libnvcuvid.so*", "libnvoptix.so*")
 
 
@@ -41,14 +43,33 @@ def install_shim(source: Path, shim_dir: Path) -> Path | None:
                   source, dest)
         return None
     dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_copies(dest)
     if dest.is_file() and dest.read_bytes() == source.read_bytes():
         return dest
-    tmp = dest.with_name(f".{SHIM_NAME}.{os.getpid()}.tmp")
-    shutil.copyfile(source, tmp)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, dest)
-    log.info("installed the vCUDA shim %s -> %s", source, dest)
+    # Never written in place: processes in running containers have the installed file mapped (LD_PRELOAD), and a
+    # file rewritten under a mapping changes (or, shorter, SIGBUSes) their code. A new file renamed over the old
+    # name gives new processes the new shim while the old inode lives on, unnamed, until the last process that
+    # maps it ends; the kernel then frees it (nothing for the agent to track or remove).
+    tmp = dest.with_name(f"{TMP_PREFIX}{os.getpid()}.tmp")
+    try:
+        shutil.copyfile(source, tmp)
+        os.chmod(tmp, 0o755)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())  # the new file whole on disk before its name replaces the old one
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    log.info("installed the vCUDA shim %s -> %s (processes already running keep the old one)", source, dest)
     return dest
+
+
+def _remove_stale_copies(dest: Path) -> None:
+    """Temporary copies an agent killed mid-install left behind (never mapped: only a finished copy is renamed)."""
+    for stale in dest.parent.glob(f"{TMP_PREFIX}*.tmp"):
+        with contextlib.suppress(OSError):
+            stale.unlink()
+            log.info("removed %s, left by an install that did not finish", stale)
 
 
 def stage_driver(driver_root: Path, dest: Path) -> int:

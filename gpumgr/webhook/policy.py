@@ -13,17 +13,33 @@ from typing import Any
 
 from gpumgr.allocator.request import HUNDRED, InvalidRequest, Request
 from gpumgr.requests import podspec
-from gpumgr.requests.choices import ChoiceError, pod_choices_of
+from gpumgr.requests.choices import (
+    ANN_POLICY,
+    ANN_UUID_EXCLUDE,
+    ANN_UUID_SELECT,
+    HAMI_NOUSE_UUID,
+    HAMI_POLICY,
+    HAMI_USE_UUID,
+    ChoiceError,
+    pod_choices_of,
+)
 
 DEFAULT_SCHEDULER = "default-scheduler"
 MAX_CONTAINERS = 256  # containers plus init containers of one pod
 MAX_CARDS = 16  # whole cards one container may ask (`--max-cards-per-container`): more than any node has
 _UNLIMITED = podspec.MAX_QUANTITY
+# The annotations an UPDATE may change that decide where a GPU pod goes (all read by the extender at every call)
+CHOICE_ANNOTATIONS = (ANN_POLICY, ANN_UUID_SELECT, ANN_UUID_EXCLUDE, HAMI_POLICY, HAMI_USE_UUID, HAMI_NOUSE_UUID,
+                      podspec.ANN_GPU_MODEL, podspec.ANN_GPU_MODEL_EXCLUDE)
 
 
-def review_pod(pod: Mapping[str, Any], operation: str, scheduler_name: str, max_cards: int = MAX_CARDS) -> Verdict:
-    """Only CREATE is reviewed: a pod's resources and schedulerName cannot change afterwards. A container asking
-    more than `max_cards` whole cards is refused (no node has that many)."""
+def review_pod(pod: Mapping[str, Any], operation: str, scheduler_name: str, max_cards: int = MAX_CARDS,
+               old: Mapping[str, Any] | None = None) -> Verdict:
+    """CREATE is reviewed whole; a container asking more than `max_cards` whole cards is refused (no node has that
+    many). On UPDATE (`old` is the stored pod) only the choice and model annotations can change what the scheduler
+    does (resources and schedulerName are immutable): see `review_update`. Other operations pass."""
+    if operation == "UPDATE":
+        return review_update(pod, old)
     if operation != "CREATE":
         return Verdict()
     spec = pod.get("spec")
@@ -54,12 +70,56 @@ def review_pod(pod: Mapping[str, Any], operation: str, scheduler_name: str, max_
         problem = _ask_problem(a, max_cards)
         if problem:
             return Verdict(denied=problem)
+    problem = annotation_problem(pod)
+    if problem:
+        return Verdict(denied=problem)
+    return _point_at(spec, scheduler_name)
+
+
+def review_update(pod: Mapping[str, Any], old: Mapping[str, Any] | None) -> Verdict:
+    """An update that writes a malformed choice or model annotation onto a GPU pod is refused, naming the
+    annotation (docs/scheduling-choices.md: a malformed annotation is never ignored; a pod still pending would
+    otherwise be placed by a stale verdict or refused with no one told why). An update that leaves these
+    annotations as they were passes whatever they hold: a pod admitted before the webhook ran must still get
+    its finalizers removed and its labels changed."""
+    if old is not None and _choice_annotations(old) == _choice_annotations(pod):
+        return Verdict()
+    if not _asks_gpu(pod):
+        return Verdict()
+    problem = annotation_problem(pod)
+    return Verdict(denied=f"{problem} (set by this update)") if problem else Verdict()
+
+
+def annotation_problem(pod: Mapping[str, Any]) -> str:
+    """Why the pod's choice or model annotations cannot be read, or ""."""
     try:
         pod_choices_of(pod)  # gpu-policy, gpu-uuid-select / -exclude: malformed is refused on every node
         podspec.model_filter(pod)  # gpu-model / gpu-model-exclude: too long a list is refused on every node
     except (ChoiceError, ValueError) as e:
-        return Verdict(denied=str(e))
-    return _point_at(spec, scheduler_name)
+        return str(e)
+    return ""
+
+
+def _choice_annotations(pod: Mapping[str, Any]) -> dict[str, str]:
+    ann = podspec.pod_annotations(pod)
+    return {k: ann[k] for k in CHOICE_ANNOTATIONS if k in ann}
+
+
+def _asks_gpu(pod: Mapping[str, Any]) -> bool:
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return False
+    for field_name in ("initContainers", "containers"):
+        containers = spec.get(field_name)
+        if not isinstance(containers, list):
+            continue
+        for c in containers[:MAX_CONTAINERS]:
+            res = c.get("resources") if isinstance(c, dict) else None
+            for part in ("limits", "requests"):
+                values = res.get(part) if isinstance(res, dict) else None
+                if isinstance(values, dict) and (podspec.RESOURCE_CORE in values or podspec.RESOURCE_MEMORY in values):
+                    return True
+    return False
 
 
 def _point_at(spec: Mapping[str, Any], scheduler_name: str) -> Verdict:

@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from gpumgr.serving import jsonbound
+
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
 MAX_DEPTH = 64  # a Pod with managedFields nests about 20 deep
@@ -20,15 +22,14 @@ class BadReview(ValueError):
     """A body that is not an AdmissionReview v1 the webhook can answer."""
 
 
-def decode(raw: bytes) -> Any:
-    """JSON of at most MAX_DEPTH levels of nesting."""
+def decode(raw: bytes, max_elements: int) -> Any:
+    """JSON of at most MAX_DEPTH levels of nesting and `max_elements` keys, values, objects and arrays, both
+    checked on the bytes before anything is built (`gpumgr.serving.jsonbound`)."""
     try:
-        doc = json.loads(raw)
-    except RecursionError:
-        raise BadReview(f"the body is nested deeper than {MAX_DEPTH} levels") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadReview(f"the body is not JSON: {e}") from None
-    if _depth_exceeds(doc, MAX_DEPTH):
+        doc = jsonbound.loads(raw, max_elements=max_elements, max_depth=MAX_DEPTH)
+    except jsonbound.JsonBoundsError as e:
+        raise BadReview(str(e)) from None
+    if _depth_exceeds(doc, MAX_DEPTH):  # the scan's count is of brackets; kept as a second check of the document
         raise BadReview(f"the body is nested deeper than {MAX_DEPTH} levels")
     return doc
 
@@ -56,10 +57,13 @@ def parse_review(doc: Any) -> ReviewRequest:
     obj = req.get("object")
     if obj is not None and not isinstance(obj, dict):
         raise BadReview(f"request.object must be an object, got {_kind(obj)}")
+    old = req.get("oldObject")
+    if old is not None and not isinstance(old, dict):
+        raise BadReview(f"request.oldObject must be an object, got {_kind(old)}")
     is_pod = kind.get("group", "") == "" and kind.get("kind") == "Pod" and req.get("subResource") in (None, "")
     namespace = req.get("namespace")
     return ReviewRequest(uid=uid, operation=operation, is_pod=is_pod, obj=obj,
-                         namespace=namespace[:253] if isinstance(namespace, str) else "")
+                         namespace=namespace[:253] if isinstance(namespace, str) else "", old=old)
 
 
 def response(uid: str, *, patch: list[dict[str, Any]] | None = None, denied: str = "", code: int = 403,
@@ -104,3 +108,4 @@ class ReviewRequest:
     is_pod: bool  # core/v1 Pod itself (not a subresource such as pods/status)
     obj: dict[str, Any] | None  # the object as it will be stored (null for DELETE)
     namespace: str = ""  # request.namespace (a new pod's metadata may not carry it yet)
+    old: dict[str, Any] | None = None  # request.oldObject: the stored object, for UPDATE

@@ -34,6 +34,10 @@ BUSY_BODY = b'{"error":"the gpumgr webhook has too many open connections; try ag
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a Pod is at most ~1.5 MiB in etcd; object and oldObject together fit
+# A body may hold one JSON key, value, object or array per this many bytes: 200,000 in 4 MiB, ten times what a
+# pod with 10,000 environment variables and its managedFields holds; ~20 MiB of Python objects at most
+# (gpumgr.serving.jsonbound.BYTES_PER_ELEMENT), where 4 MiB of `{},` unchecked were 1.3 million dicts and ~190 MiB.
+BYTES_PER_ELEMENT = 20
 READ_TIMEOUT = 10.0  # the API server's own webhook timeout is 10 s by default
 HEADER_TIMEOUT = 5.0  # to send the request line and headers (and the TLS handshake); also the idle keep-alive
 MAX_CONNECTIONS = 256
@@ -44,7 +48,7 @@ class WebhookServer:
     def __init__(self, scheduler_name: str, tls: TlsFiles | None, *, max_body_bytes: int = MAX_BODY_BYTES,
                  read_timeout: float = READ_TIMEOUT, reload_every: float = RELOAD_EVERY,
                  header_timeout: float = HEADER_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
-                 max_cards: int = MAX_CARDS):
+                 max_cards: int = MAX_CARDS, memory_limit_bytes: int = 0):
         for name, value in (("header_timeout", header_timeout), ("max_connections", max_connections),
                             ("max_cards", max_cards), ("read_timeout", read_timeout)):
             if not value > 0:
@@ -59,8 +63,11 @@ class WebhookServer:
         self.reload_every = reload_every
         self.ssl_context: ssl.SSLContext | None = server_context(tls) if tls else None
         # bodies are read by gpumgr.serving.body, as the extender's are (size after decompression, time, shared budget)
+        # and, with the container's memory limit, the bodies in flight fit in 3/8 of it (serving.body.Limits)
         self._limits = Limits(max_body_bytes=max_body_bytes, header_timeout=header_timeout, body_timeout=read_timeout,
-                              max_connections=max_connections)
+                              max_connections=max_connections, memory_limit_bytes=memory_limit_bytes,
+                              json_bytes_per_element=BYTES_PER_ELEMENT)
+        self.max_elements = self._limits.max_json_elements
         self._budget = BodyBudget(self._limits.budget_bytes)
         self._stamp = _stamp(tls) if tls else None
         self._runner: Any = None
@@ -133,10 +140,11 @@ class WebhookServer:
 
     async def _mutate(self, request: Any) -> Any:
         raw = await read_body(request, self._limits, self._budget, service="gpumgr webhook", limit_flag="")
-        review = parse_review(decode(raw))
+        review = parse_review(decode(raw, self.max_elements))
         if not review.is_pod or review.obj is None:
             return _reply(response(review.uid))
-        verdict = review_pod(review.obj, review.operation, self.scheduler_name, max_cards=self.max_cards)
+        verdict = review_pod(review.obj, review.operation, self.scheduler_name, max_cards=self.max_cards,
+                             old=review.old)
         name = _pod_name(review.obj, review.namespace)
         if verdict.denied:
             log.info("refused pod %s: %s", name, verdict.denied)

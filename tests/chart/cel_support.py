@@ -40,12 +40,14 @@ def admission_request(
 ) -> dict[str, Any]:
     """request as a ValidatingAdmissionPolicy sees it; `node` is the node a pod-bound token carries."""
     extra = {"authentication.kubernetes.io/node-name": [node]} if node is not None else {}
-    return {
+    request: dict[str, Any] = {
         "operation": operation,
         "userInfo": {"username": user, "extra": extra},
         "resource": {"group": group, "version": "v1", "resource": resource},
-        "subResource": sub_resource,
     }
+    if sub_resource:  # the real API server leaves subResource out when there is none (never "")
+        request["subResource"] = sub_resource
+    return request
 
 
 def run_policy(policy: dict[str, Any], request: dict[str, Any], obj: Any, old: Any) -> Verdict:

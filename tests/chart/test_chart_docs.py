@@ -48,3 +48,20 @@ def test_every_documented_value_exists() -> None:
         for part in path.split("."):
             assert isinstance(node, dict) and part in node, f"{path} is documented but not a value"
             node = node[part]
+
+
+def test_webhook_doc_shows_what_the_chart_renders() -> None:
+    # docs/webhook.md once described another configuration (failurePolicy Ignore, another name, Service, port and
+    # namespace, no matchConditions); compare its YAML block with the rendered object, field by field.
+    from .support import render
+
+    text = (CHART_DIR.parents[1] / "docs" / "webhook.md").read_text()
+    block = text.split("## Configuration in the cluster", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
+    documented = yaml.safe_load(block)
+    rendered = render().get("MutatingWebhookConfiguration", documented["metadata"]["name"])
+    doc_hook, hook = documented["webhooks"][0], rendered["webhooks"][0]
+    for key in ("name", "admissionReviewVersions", "sideEffects", "failurePolicy", "timeoutSeconds",
+                "reinvocationPolicy", "rules", "namespaceSelector"):
+        assert doc_hook[key] == hook[key], key
+    assert doc_hook["clientConfig"]["service"] == hook["clientConfig"]["service"]
+    assert [c["name"] for c in doc_hook["matchConditions"]] == [c["name"] for c in hook["matchConditions"]]

@@ -28,8 +28,10 @@ def test_the_args_are_flags_of_gpumgr_extender_and_elect_the_chart_lease(variant
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     deployment = render(VARIANTS[variant]).get("Deployment", EXTENDER)
     c = container(deployment, "extender")
-    assert c["env"] == [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+    assert c["env"][:2] == [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+    assert c["env"][2:] == [{"name": "GPUMGR_MEMORY_LIMIT_BYTES",  # tests/chart/test_chart_body_budget.py
+                             "valueFrom": {"resourceFieldRef": {"resource": "limits.memory"}}}]
     monkeypatch.setenv("POD_NAME", f"{EXTENDER}-7d9f-abcde")
     args = parse(c["args"])  # an unknown flag would exit here
     settings = extender_command._election(args)

@@ -129,13 +129,16 @@ def test_agent_changes_only_gpumgr_fields_of_its_pods(path: tuple[str, ...], val
     assert len(verdict.denied) == 1 and message in verdict.denied[0], verdict.denied
 
 
+LABELS_MESSAGE = "node labels under gpumgr.io/ and gaia.tencent.com/gpu-model"
+
+
 @pytest.mark.parametrize(
     ("path", "value", "message"),
     [
         (("spec", "taints"), [], "spec"),
         (("spec", "unschedulable"), True, "spec"),
-        (("metadata", "labels", "kubernetes.io/hostname"), "x", "node labels under gpumgr.io/"),
-        (("metadata", "labels", "node-role.kubernetes.io/control-plane"), "", "node labels under gpumgr.io/"),
+        (("metadata", "labels", "kubernetes.io/hostname"), "x", LABELS_MESSAGE),
+        (("metadata", "labels", "node-role.kubernetes.io/control-plane"), "", LABELS_MESSAGE),
     ],
     ids=["taints", "cordon", "hostname-label", "role-label"],
 )
@@ -194,16 +197,6 @@ def slice_of(node: str) -> dict[str, Any]:
     }
 
 
-def claim_on(node: str) -> dict[str, Any]:
-    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "c", "namespace": "ml"},
-        "status": {"allocation": {"nodeSelector": {"nodeSelectorTerms": [term]}}},
-    }
-
-
 @pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])
 def test_dra_slices_of_its_own_node_only(operation: str) -> None:
     pol = policy({"agent": {"mode": "dra"}})
@@ -213,15 +206,6 @@ def test_dra_slices_of_its_own_node_only(operation: str) -> None:
         request = admission_request(AGENT_USER, operation, "resourceslices", group="resource.k8s.io", node=ME)
         verdict = run_policy(pol, request, obj, old)
         assert verdict.matched and verdict.allowed is allowed, (node, verdict.denied)
-
-
-def test_dra_claim_status_of_claims_on_its_own_node_only() -> None:
-    pol = policy({"agent": {"mode": "both"}})
-    for node, allowed in ((ME, True), (OTHER, False)):
-        claim = claim_on(node)
-        new = changed(claim, ("status", "devices"), [{"driver": "vgpu.gpumgr.io", "pool": node, "device": "gpu-0"}])
-        verdict = update(pol, "resourceclaims", claim, new, sub_resource="status", group="resource.k8s.io")
-        assert verdict.allowed is allowed, (node, verdict.denied)
 
 
 def mutating_grants(rendered: Rendered) -> set[tuple[str, str, str]]:
@@ -249,3 +233,16 @@ def test_policy_covers_every_change_rbac_grants_the_agent(mode: str) -> None:
         for operation in rule["operations"]
     }
     assert mutating_grants(rendered) <= covered
+
+
+def test_agent_may_write_every_node_label_it_owns_in_one_patch() -> None:
+    # The agent sends its labels in one merge patch: gpumgr.io/ ones and gpu-manager's gaia.tencent.com/gpu-model.
+    # The policy used to allow only the prefix, so the real API server refused the whole patch at every start.
+    from gpumgr.node.labels import GAIA_MODEL_LABEL
+
+    node = a_node(ME)
+    both = changed(changed(node, ("metadata", "labels", "gpumgr.io/gpu.model"), "NVIDIA-A30"),
+                   ("metadata", "labels", GAIA_MODEL_LABEL), "A30")
+    assert update(policy(), "nodes", node, both).allowed
+    other = changed(node, ("metadata", "labels", "gaia.tencent.com/other"), "x")
+    assert not update(policy(), "nodes", node, other).allowed

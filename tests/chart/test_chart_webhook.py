@@ -77,7 +77,7 @@ def test_webhook_contract_fields() -> None:
         {
             "apiGroups": [""],
             "apiVersions": ["v1"],
-            "operations": ["CREATE"],
+            "operations": ["CREATE", "UPDATE"],
             "resources": ["pods"],
             "scope": "Namespaced",
         }

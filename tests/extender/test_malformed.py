@@ -55,8 +55,12 @@ async def test_bodies_the_extender_cannot_use_get_400(api: KubeApiServer, start_
         ("bind", {"PodName": "p", "PodNamespace": "default", "PodUID": "", "Node": 7}, "Node must be a string"),
         ("bind", {"PodName": "", "PodNamespace": "default", "PodUID": "", "Node": "n"}, "PodName must not be"),
         ("bind", ["p"], "JSON object"),
-        ("filter", b"[" * 50_000 + b"]" * 50_000, "nested too deeply"),
-        ("filter", b"[" + b"[]," * 70_000 + b"[]]", "JSON objects and arrays; at most 65536"),
+        ("filter", b"[" * 30_000 + b"]" * 30_000, "nested deeper than 64 levels"),
+        ("filter", b"[" + b"[]," * 70_000 + b"[]]", "objects and arrays; at most 43690"),
+        # issue 18 finding 1: numbers, strings and keys count too, not only objects and arrays
+        ("filter", b"[" + b"0," * 300_000 + b"0]", "objects and arrays; at most 43690"),
+        ("filter", b'{"Pod":{"metadata":{"annotations":{' + b",".join(b'"a%d":""' % i for i in range(30_000))
+         + b'}}},"NodeNames":["n"]}', "objects and arrays; at most 43690"),
     ]
     for verb, body, words in cases:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()

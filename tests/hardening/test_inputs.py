@@ -198,3 +198,18 @@ def test_unicode_digits_in_a_levels_matrix_are_refused(tmp_path):
     f = tmp_path / "lv.yaml"
     f.write_text('topology:\n  levels: [["X", "NV٣"], ["NV٣", "X"]]\n')
     one_line_refusal(gpumgr("topo", "--node-spec", str(f)), str(f), "NV٣")
+
+
+# -- issue 18, finding 5: a GPU label with a non-ASCII digit was read as another kind of device ----------------------
+@pytest.mark.parametrize("where", ["row", "header"])
+@pytest.mark.parametrize("label", ["GPU\u0661", "GPU\uff11", "GPUx"])
+def test_a_malformed_gpu_label_is_refused_with_the_file_and_line(tmp_path, where, label):
+    f = tmp_path / "topo.txt"
+    if where == "row":
+        f.write_text(HEADER + f"GPU0\t X \tNV2\t0-15\t0\n{label}\tNV2\t X \t0-15\t0\n", encoding="utf-8")
+        line_no = 3
+    else:
+        f.write_text(f"\tGPU0\t{label}\tCPU Affinity\tNUMA Affinity\n" + f"GPU0\t X \tNV2\t0-15\t0\n"
+                     f"{label}\tNV2\t X \t0-15\t0\n", encoding="utf-8")
+        line_no = 1
+    one_line_refusal(gpumgr("topo", "--topo-file", str(f)), f"{f}:{line_no}:", "is not a GPU label")
