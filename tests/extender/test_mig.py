@@ -104,6 +104,22 @@ async def test_pods_bound_to_a_node_hold_its_instances(api: KubeApiServer, start
     assert await eventually(lambda: _passes(ext, two, ["n"]))
 
 
+async def test_a_pod_asking_only_mig_instances_is_bound_as_it_is(api: KubeApiServer, start_extender: Any) -> None:
+    """With the profiles in the extender's managedResources (chart: agent.mig.extenderProfiles) kube-scheduler asks
+    the extender to bind such a pod: a plain Binding, no annotation (the kubelet picks the instance)."""
+    s = api.store
+    s.create_node(mig_node("n", [mig_card(0, SEVEN_ONES)]))
+    ext = await start_extender()
+    p = s.create_pod(mig_pod("one", {ONE: 1}))
+    assert await ext.bind(p, "n") == ""
+    bound = s.get_pod("default", "one") or {}
+    assert bound["spec"]["nodeName"] == "n"
+    assert not [k for k in bound["metadata"].get("annotations") or {} if k.startswith("tencent.com/")]
+    # and it holds one of the node's instances from then on
+    p2 = s.create_pod(mig_pod("seven", {ONE: 7}))
+    assert await eventually(lambda: _fails(ext, p2, "n"))
+
+
 async def test_a_pod_asking_mig_and_vcuda_needs_both(api: KubeApiServer, start_extender: Any) -> None:
     s = api.store
     s.create_node(mig_node("n", [mig_card(0, SEVEN_ONES)], count=2))  # card 1 shared
