@@ -208,7 +208,12 @@ class Agent:
         st = self.state
         unhealthy = {i for i in st.health_reasons if not st.healthy(i)}
         unhealthy |= {c.index for c in st.ledger.cards if c.mig}  # MIG mode: the extender places no vcuda pod there
-        text = node_inventory.encode(st.inventory, unhealthy, st.memory_unit_mib)
+        mig = None
+        if self.mig is not None:  # MIG cards' profiles, placements and instances, for the extender
+            from gpumgr.mig.published import node_mig
+
+            mig = node_mig(self.mig.cards, st.ledger, self.config.mig_prefix)
+        text = node_inventory.encode(st.inventory, unhealthy, st.memory_unit_mib, mig)
         try:
             await self.kube.patch_node_metadata(self.config.node_name,
                                                 annotations={podspec.ANN_NODE_INVENTORY: text})
@@ -293,15 +298,22 @@ class Agent:
     async def _publish_loop(self) -> None:
         assert self.state is not None
         st = self.state
-        seen = tuple(st.healthy(g.index) for g in st.inventory.gpus) if self._published else None
+        seen = self._published_state() if self._published else None
         version = st.version
         while True:
             version = await st.wait_change(version, timeout=5 if seen is None else 30)
-            now = tuple(st.healthy(g.index) for g in st.inventory.gpus)
+            now = self._published_state()
             if now == seen:
                 continue
             if await self.publish_inventory():  # retried every few seconds until the API takes it
                 seen = now
+
+    def _published_state(self) -> tuple[object, ...]:
+        """What the inventory annotation depends on beyond the static inventory: health and the MIG slots."""
+        assert self.state is not None
+        st = self.state
+        return (tuple(st.healthy(g.index) for g in st.inventory.gpus),
+                tuple(sorted((s.card, s.start, s.profile, s.origin) for s in st.ledger.slots.values())))
 
     async def stop(self) -> None:
         if self.health is not None:

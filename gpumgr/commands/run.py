@@ -71,6 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     opt("--mig-layouts-file", "", "JSON file of named MIG layouts: {name: {\"all\" | \"<card>\": [profile, ...]}}")
     opt("--mig-resource-prefix", "nvidia.com/mig-", "resource name prefix of the MIG device plugins")
     opt("--mig-minors", "/proc/driver/nvidia-caps/mig-minors", "the driver's MIG capability minors file")
+    opt("--mig-strategy", "mixed", "how the device plugins name MIG instances: mixed (<prefix><profile>, as "
+        "NVIDIA's mixed strategy; the only one gpumgr serves)")
     p.add_argument("--cdi", action="store_true",
                    default=str(env_default("--cdi", "")).strip().lower() in ("1", "true", "yes", "on"),
                    help="also answer Allocate with CDI device names (env GPUMGR_CDI)")
@@ -121,6 +123,11 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
                 parse(mig_layout, layouts)
         except (LayoutError, ValueError) as e:
             raise InputError(str(e)) from None
+    strategy = str(getattr(args, "mig_strategy", "mixed"))
+    if strategy != "mixed":
+        raise InputError(f"--mig-strategy must be mixed (one resource per profile, <prefix><profile>), got "
+                         f"{strategy[:40]!r}: gpumgr does not serve NVIDIA's single strategy (instances as "
+                         "nvidia.com/gpu) nor none (use --mig-layout all-disabled to leave MIG cards empty)")
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,200}[a-z0-9])?/[A-Za-z0-9][-A-Za-z0-9_.]{0,30}", prefix + "x"):
         raise InputError(f"--mig-resource-prefix must be a resource name prefix like nvidia.com/mig-, got {prefix!r}")
     return AgentConfig(

@@ -18,12 +18,12 @@ from typing import Any
 
 from gpumgr.devices.types import Inventory
 from gpumgr.mig.types import MigCard, MigProfile
+from gpumgr.requests.claim_results import mig_device
 from gpumgr.requests.quantity import format_bytes
 
 MIB = 2**20
 MAX_DEVICES = 128
 MAX_COUNTER_SETS = 8
-_NAME = re.compile(r"gpu-([0-9]{1,4})-mig-[a-z0-9-]{1,40}-([0-9]{1,2})-([0-9]{1,2})\Z")
 
 
 def counter_set_name(index: int) -> str:
@@ -36,8 +36,7 @@ def device_name(index: int, profile: MigProfile, start: int) -> str:
 
 def parse_device_name(name: str) -> tuple[int, int, int] | None:
     """(card, profile id, start) of a MIG device name, or None for any other device."""
-    m = _NAME.match(name)
-    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+    return mig_device(name)
 
 
 def counter_set(card: MigCard) -> dict[str, Any]:

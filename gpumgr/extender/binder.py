@@ -7,11 +7,11 @@ times. Any failure gives back what was assumed and removes the annotations writt
 extender API wants it: HTTP 200 with `Error`.
 
 Binds the extender must never make are refused before anything is assumed or written (`BindRefused`, a 4xx):
-a pod that asks for no vcuda resource or names another scheduler (403), a pod already bound (409), a node
-that does not exist or has no usable GPU inventory (422). With leader election, `guard` is asked right before
-each API write (the annotations, the Binding): a replica that is no longer the leader, or has not renewed its
-Lease in time, or leads in another term than when the bind began, writes nothing more (503); annotations it
-already wrote are taken back, best effort.
+a pod that asks for no vcuda resource nor MIG instance, or names another scheduler (403), a pod already bound
+(409), a node that does not exist or has no usable GPU inventory (422). With leader election, `guard` is asked
+right before each API write (the annotations, the Binding): a replica that is no longer the leader, or has not
+renewed its Lease in time, or leads in another term than when the bind began, writes nothing more (503);
+annotations it already wrote are taken back, best effort.
 
 The Binding carries the resourceVersion of the pod as this bind's annotation patch left it: the API server
 binds only that version (409 otherwise). So a deposed leader whose Binding arrives late cannot bind a pod whose
@@ -35,6 +35,7 @@ from gpumgr.extender.cluster import ClusterView
 from gpumgr.extender.kubeaccess import ApiCallError
 from gpumgr.extender.wire import BindingArgs
 from gpumgr.requests import podspec
+from gpumgr.requests.mig_ask import mig_asks
 
 if TYPE_CHECKING:
     from gpumgr.extender.podcalls import PodCalls
@@ -179,9 +180,9 @@ class Binder:
             gpu = podspec.is_gpu_pod(pod)
         except (ValueError, AttributeError):
             gpu = True  # asks something unreadable for vcuda: pod_ask reports it
-        if not gpu:
-            raise BindRefused(403, f"the pod asks for no {podspec.RESOURCE_CORE} or {podspec.RESOURCE_MEMORY}; "
-                              "this extender binds only pods that do")
+        if not gpu and not _asks_mig(pod):
+            raise BindRefused(403, f"the pod asks for no {podspec.RESOURCE_CORE}, {podspec.RESOURCE_MEMORY} or MIG "
+                              "instance (<prefix>mig-<profile>); this extender binds only pods that do")
         node = self.view.nodes.get(node_name)
         if node is None:
             raise BindRefused(422, f"node {node_name} does not exist (it is not in the cluster's node list)")
@@ -309,3 +310,11 @@ class Binder:
 
 def _version(pod: dict[str, Any]) -> str:
     return str((pod.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _asks_mig(pod: dict[str, Any]) -> bool:
+    """A pod asking MIG instances of the device plugins (bound as it is: the kubelet picks the instance)."""
+    try:
+        return bool(mig_asks(pod))
+    except ValueError:
+        return True  # unreadable: pod_ask and the filter report it

@@ -28,12 +28,14 @@ from gpumgr.allocator.ledger import CLAIM_PREFIX, ClaimHolder, LedgerError
 from gpumgr.extender.ask import PodAsk, pod_uid
 from gpumgr.extender.claims import FINISHED, Claim, pod_claim
 from gpumgr.extender.fit import Fit, fast_place, packing, place, quick_check, static_check, with_packing
-from gpumgr.extender.nodestate import NodeState, Shape, build_shape, full_state, shape_of, whole_state
+from gpumgr.extender.migfit import mig_reason
+from gpumgr.extender.nodestate import NodeState, Shape, Taken, build_shape, full_state, shape_of, whole_state
 from gpumgr.extender.plan import Plan
 from gpumgr.node.inventory import InventoryAnnotationError, decode
 from gpumgr.requests import podspec
 from gpumgr.requests.choices import ANN_CORDON, allowed_cards, node_cordon
 from gpumgr.requests.claim_results import DriverResult
+from gpumgr.requests.mig_ask import mig_asks
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,10 @@ class ClusterView:
         # allocated DRA claims of our driver: claim UID -> node -> its results there; and node -> claim UIDs
         self._dra: dict[str, DraClaim] = {}
         self._dra_at: dict[str, set[str]] = {}
+        # pods bound to a node that ask MIG instances of the device plugins: UID -> (node, {resource: count}),
+        # and node -> {resource: instances those pods hold}
+        self._mig_pods: dict[str, tuple[str, dict[str, int]]] = {}
+        self._mig_used: dict[str, dict[str, int]] = {}
 
     @property
     def ready(self) -> bool:
@@ -138,6 +144,7 @@ class ClusterView:
             return NodeState(name, None, problem="the node reports no GPUs", on_change=self._node_changed)
         node = NodeState(name, shape, unhealthy=gpus.unhealthy, on_change=self._node_changed)
         node.gpus = gpus.inventory.gpus
+        node.mig = gpus.mig
         return node
 
     # -- pods -----------------------------------------------------------------------------------------------
@@ -151,7 +158,9 @@ class ClusterView:
         if not gpu:
             if uid in self._pods:
                 self.remove_pod(pod)
+            self._set_mig_pod(uid, pod)
             return
+        self._set_mig_pod(uid, pod)
         meta = pod.get("metadata") or {}
         old = self._pods.get(uid)
         if old is not None:
@@ -188,6 +197,7 @@ class ClusterView:
         self._claims.pop(uid, None)
         self._assumed.pop(uid, None)
         self._void.pop(uid, None)
+        self._set_mig_pod(uid, {})
         self._reconcile(uid)
 
     def replace_pods(self, pods: Iterable[dict[str, Any]]) -> None:
@@ -196,6 +206,8 @@ class ClusterView:
         seen = {pod_uid(p) for p in pods}
         for uid in [u for u in self._pods if u not in seen]:
             self._remove_pod(uid)
+        for uid in [u for u in self._mig_pods if u not in seen]:  # pods asking only MIG instances
+            self._set_mig_pod(uid, {})
         for p in pods:
             self.set_pod(p)
         self.synced.add("pods")
@@ -267,9 +279,13 @@ class ClusterView:
             return
         cards = node.shape.memory_mib
         allocs = []
+        taken = []
         try:
             holder = ClaimHolder(uid=uid, namespace=claim.namespace, name=claim.name)
             for r in claim.per_node.get(node_name, ()):
+                if r.mig is not None:  # a MIG device: its placement, and its card out of whole/fractional use
+                    taken.append(self._mig_taken(node, node_name, r.index, *r.mig))
+                    continue
                 if r.index >= len(cards) or (r.memory_mib is not None and r.memory_mib > cards[r.index]):
                     raise LedgerError(f"node {node_name} has no room for gpu-{r.index} ({r.memory_mib} MiB)")
                 memory = cards[r.index] if r.memory_mib is None else r.memory_mib
@@ -280,6 +296,57 @@ class ClusterView:
             node.drop(CLAIM_PREFIX + uid)
             return
         node.hold(CLAIM_PREFIX + uid, allocs)
+        node.take_mig(CLAIM_PREFIX + uid, tuple(taken))
+
+    @staticmethod
+    def _mig_taken(node: NodeState, node_name: str, index: int, profile_id: int, start: int) -> Taken:
+        """A MIG device of a claim as (card, profile, start, size), by the profiles the node published."""
+        if index >= len(node.ledger):
+            raise LedgerError(f"node {node_name} has no gpu-{index}")
+        card = node.mig.card(index) if node.mig is not None else None
+        p = card.profile(profile_id) if card is not None else None
+        if card is None or p is None:  # the agent's annotation is behind: the placement's size is not known here
+            return (index, f"profile id {profile_id}", start, 1)
+        if start not in p.starts:
+            raise LedgerError(f"node {node_name}: gpu-{index} has no {p.name} placement at {start}")
+        return (index, p.name, start, p.memory_slices)
+
+    # -- MIG instances of the device plugins --------------------------------------------------------------
+    def _set_mig_pod(self, uid: str, pod: Mapping[str, Any]) -> None:
+        """Count (or stop counting) a bound pod's `<prefix>mig-<profile>` asks against its node."""
+        try:
+            asks = mig_asks(pod)
+        except ValueError:
+            asks = {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        finished = ((pod.get("status") or {}).get("phase")) in FINISHED
+        old = self._mig_pods.pop(uid, None)
+        if old is not None:
+            used = self._mig_used.get(old[0], {})
+            for r, n in old[1].items():
+                used[r] = used.get(r, 0) - n
+        if asks and isinstance(node, str) and node and not finished:
+            self._mig_pods[uid] = (node, asks)
+            used = self._mig_used.setdefault(node, {})
+            for r, n in asks.items():
+                used[r] = used.get(r, 0) + n
+
+    def mig_reasons(self, asks: Mapping[str, int], uid: str, names: list[str]) -> list[str]:
+        """Per node name, "" when it has the MIG instances `asks` wants free, else why not. Pod `uid`'s own
+        holding (a pod scheduled again) does not count against it."""
+        own = self._mig_pods.get(uid)
+        out = []
+        for name in names:
+            node = self.nodes.get(name)
+            if node is None or node.shape is None:
+                out.append(node.problem if node is not None else "the gpumgr extender does not know this node")
+                continue
+            used = self._mig_used.get(name, {})
+            if own is not None and own[0] == name:
+                used = {r: n - own[1].get(r, 0) for r, n in used.items()}
+            taken = [t for held in node.mig_taken.values() for t in held]
+            out.append(mig_reason(node.mig, asks, used, taken))
+        return out
 
     # -- assumptions (bind) ---------------------------------------------------------------------------------
     def assume(self, uid: str, node: str, allocs: list[Allocation], predicate_time: str) -> None:

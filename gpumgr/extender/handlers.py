@@ -31,6 +31,7 @@ from gpumgr.extender.lane import SmallestFirst
 from gpumgr.extender.score import scores
 from gpumgr.extender.wire import (
     BadRequest,
+    ExtenderArgs,
     binding_reply,
     decode_json,
     filter_reply,
@@ -38,6 +39,7 @@ from gpumgr.extender.wire import (
     parse_extender_args,
     priority_reply,
 )
+from gpumgr.requests.mig_ask import mig_asks
 from gpumgr.serving.body import BodyBudget, BodyError, ClientGone, Limits, read_body
 
 log = logging.getLogger(__name__)
@@ -112,12 +114,15 @@ class Routes:
     def _filter(self, doc: Any) -> web.Response:
         args = parse_extender_args(doc)
         ask = _ask(args.pod)
+        mig = _mig_asks(args.pod)
         names = args.node_names
-        if not ask.wants_gpu:
+        if not ask.wants_gpu and not mig:
             return reply(filter_reply(args, list(names), {}, {}))
         if not self.view.ready:  # until the first lists are in, every node would look empty
             return reply(filter_reply(args, [], dict.fromkeys(names, SYNCING), {}))
         self._check_known(names)
+        if mig:
+            return reply(self._filter_mig(args, ask, mig))
         fits = self.view.verdicts(ask, pod_uid(args.pod), names)
         oks = list(map(attrgetter("ok"), fits))
         passed = list(compress(names, oks))
@@ -131,6 +136,20 @@ class Routes:
                     failed[name] = fit.reason
         log.debug("filter pod %s: %d of %d nodes fit", _pod_name(args.pod), len(passed), len(names))
         return reply(filter_reply(args, passed, failed, never))
+
+    def _filter_mig(self, args: ExtenderArgs, ask: PodAsk, mig: dict[str, int]) -> Any:
+        """A pod asking MIG instances of the device plugins (and perhaps vcuda too): a node passes when both fit."""
+        names = args.node_names
+        uid = pod_uid(args.pod)
+        reasons = self.view.mig_reasons(mig, uid, list(names))
+        if ask.wants_gpu:
+            for k, fit in enumerate(self.view.verdicts(ask, uid, names)):
+                if not fit.ok:
+                    reasons[k] = "; ".join(r for r in (fit.reason, reasons[k]) if r)
+        passed = [n for n, r in zip(names, reasons, strict=True) if not r]
+        failed = {n: r for n, r in zip(names, reasons, strict=True) if r}
+        log.debug("filter pod %s (MIG): %d of %d nodes fit", _pod_name(args.pod), len(passed), len(names))
+        return filter_reply(args, passed, failed, {})
 
     async def prioritize(self, request: web.Request) -> web.StreamResponse:
         raw = await read_body(request, self.limits, self.budget)
@@ -268,6 +287,13 @@ def _ask(pod: dict[str, Any]) -> PodAsk:
     try:
         return pod_ask(pod)
     except AskError as e:
+        raise BadRequest(f"Pod: {e}") from None
+
+
+def _mig_asks(pod: dict[str, Any]) -> dict[str, int]:
+    try:
+        return mig_asks(pod)
+    except ValueError as e:
         raise BadRequest(f"Pod: {e}") from None
 
 

@@ -18,10 +18,13 @@ from gpumgr.allocator.ledger import CLAIM_PREFIX
 from gpumgr.devices.types import GPU
 from gpumgr.extender.claims import Claim
 from gpumgr.node.inventory import NodeGPUs
+from gpumgr.node.mig_inventory import NodeMig
 from gpumgr.requests.choices import NO_CORDON, Cordon
 from gpumgr.topology.cost import Topology
 
 log = logging.getLogger(__name__)
+
+Taken = tuple[int, str, int, int]  # a DRA claim's MIG device: (card, profile, start, size)
 
 
 
@@ -32,9 +35,12 @@ class NodeState:
         self.shape = shape
         self.problem = problem or ("" if shape else "the node has no GPU inventory")
         self.ledger = Ledger(shape.memory_mib if shape else ())
+        self.unhealthy = unhealthy  # as the agent published it (a card in MIG mode is among them)
         for i in unhealthy:
             if 0 <= i < len(self.ledger):
                 self.ledger.set_healthy(i, False)
+        self.mig: NodeMig | None = None  # the MIG cards the agent published
+        self.mig_taken: dict[str, tuple[Taken, ...]] = {}  # DRA claim UID -> the MIG devices it holds here
         self.keys: dict[str, tuple[str, ...]] = {}  # pod UID -> ledger allocation keys it holds
         self.waiting: dict[str, list[Allocation]] = {}  # pod UID -> holdings that conflict with others
         self.on_change = on_change  # told the node's name whenever its ledger changes
@@ -104,7 +110,21 @@ class NodeState:
         if touched:
             self.changed(touched)
 
+    def take_mig(self, uid: str, taken: tuple[Taken, ...]) -> None:
+        """The MIG devices DRA claim `uid` holds here (none: forgets it). A card holding one takes no whole-card
+        or fractional request: it is in MIG mode, or soon will be, even before the agent says so."""
+        if taken:
+            self.mig_taken[uid] = taken
+        elif self.mig_taken.pop(uid, None) is None:
+            return
+        claimed = {t[0] for held in self.mig_taken.values() for t in held}
+        flipped = [i for i in range(len(self.ledger))
+                   if self.ledger.set_healthy(i, i not in self.unhealthy and i not in claimed)]
+        if flipped:
+            self.changed(flipped)
+
     def drop(self, uid: str) -> bool:
+        self.take_mig(uid, ())
         self.waiting.pop(uid, None)
         if uid not in self.keys:
             return False

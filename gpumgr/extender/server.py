@@ -38,6 +38,7 @@ from gpumgr.extender.watcher import Watcher
 from gpumgr.requests import podspec
 from gpumgr.requests.choices import ANN_CORDON
 from gpumgr.requests.claim_results import DriverResult, claim_uid, driver_results
+from gpumgr.requests.mig_ask import mig_asks
 from gpumgr.serving.body import Limits
 from gpumgr.serving.tls import requires_client_certs
 
@@ -292,9 +293,16 @@ def _node_entry(node: dict[str, Any]) -> tuple[str, str | None, str | None]:
 def _gpu_pod(pod: dict[str, Any]) -> dict[str, Any] | None:
     """A GPU pod as the view keeps it (`slim.slim_pod`, in the watch thread), or None for other pods."""
     try:
-        return slim_pod(pod) if podspec.is_gpu_pod(pod) else None
+        return slim_pod(pod) if podspec.is_gpu_pod(pod) or _asks_mig(pod) else None
     except (ValueError, AttributeError):
         return None
+
+
+def _asks_mig(pod: dict[str, Any]) -> bool:
+    try:
+        return bool(mig_asks(pod))
+    except ValueError:
+        return False
 
 
 def _dra_claim(claim: dict[str, Any], driver: str) -> tuple[str, str, str, tuple[DriverResult, ...]] | None:

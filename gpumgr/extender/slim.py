@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpumgr.requests import podspec
+from gpumgr.requests.mig_ask import is_mig_resource
 
 KEPT_ANNOTATIONS = ("tencent.com/", "gpumgr.io/")  # predicate-*, gpu-assigned, vcuda-core-limit, gpu-model*
 KEPT_RESOURCES = (podspec.RESOURCE_CORE, podspec.RESOURCE_MEMORY)
@@ -41,7 +42,7 @@ def _container(c: Any) -> Any:
     for part in ("limits", "requests"):
         values = res.get(part)
         if isinstance(values, dict):
-            kept[part] = {k: values[k] for k in KEPT_RESOURCES if k in values}
+            kept[part] = {k: v for k, v in values.items() if k in KEPT_RESOURCES or is_mig_resource(k)}
     out: dict[str, Any] = {"resources": kept}
     if "name" in c:
         out["name"] = c["name"]

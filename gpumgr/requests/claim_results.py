@@ -7,6 +7,10 @@ claims without an inventory at hand. `allocated_results` walks a claim's allocat
 device result: its pool, its card, and the `consumedCapacity` it takes (memory in bytes, cores; each absent =
 the whole card). The node adds only what needs its own inventory: the pool is its own, the card exists, the
 memory fits on the card (the extender checks the last two against the node's published shape).
+
+A result may name a MIG device of the partitionable pool (`gpu-<card>-mig-<profile>-<profile id>-<start>`,
+gpumgr/dra/mig_slices.py): `mig_device` reads its card, profile id and placement. The node prepares such claims on
+their own path (gpumgr/dra/mig_prepare.py); the extender counts them against their card (`DriverResult.mig`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ MAX_POOL = 253
 PUBLISHED_CAPACITY = ("memory", "cores")  # the capacities of every device of the slice (gpumgr.dra.slices)
 MAX_MEMORY = 1 << 60  # bytes, exclusive: no card has an exabyte
 _GPU = re.compile(r"gpu-[0-9]{1,6}")  # ASCII digits only (str.isdigit() takes "²" and "٣")
+_MIG = re.compile(r"gpu-([0-9]{1,4})-mig-[a-z0-9-]{1,40}-([0-9]{1,2})-([0-9]{1,2})\Z")
 _SHOWN = 80  # characters of a bad value quoted in an error
 
 
@@ -55,6 +60,13 @@ class DriverResult:
     index: int  # gpu-<index>
     cores: int  # 1..100
     memory_mib: int | None  # None: the whole card
+    mig: tuple[int, int] | None = None  # a MIG device: (profile id, placement start); cores/memory: the card's
+
+
+def mig_device(device: object) -> tuple[int, int, int] | None:
+    """(card, profile id, start) of a MIG device name (`gpu-0-mig-3g-40gb-9-4`); None for any other name."""
+    m = _MIG.match(device) if isinstance(device, str) else None
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
 def claim_uid(claim: Mapping[str, Any]) -> str:
@@ -135,11 +147,20 @@ def driver_results(claim: Mapping[str, Any], driver: str) -> tuple[DriverResult,
         results = allocated_results(claim)
         if results is None:
             return ()
-        amounts = [device_amount(r) for r in results if r.get("driver") == driver]
+        out = []
+        for n, r in enumerate(r for r in results if r.get("driver") == driver):
+            mig = mig_device(r.get("device"))
+            if mig is None:
+                a = device_amount(r)
+                out.append(DriverResult(n=n, pool=a.pool, index=a.index, cores=a.cores, memory_mib=a.memory_mib))
+                continue
+            pool = r.get("pool")
+            if not isinstance(pool, str) or not 0 < len(pool) <= MAX_POOL:
+                raise ResultError(f"pool {_show(pool)} is not a node name")
+            out.append(DriverResult(n=n, pool=pool, index=mig[0], cores=CORES, memory_mib=None, mig=mig[1:]))
     except ResultError:
         return None
-    return tuple(DriverResult(n=n, pool=a.pool, index=a.index, cores=a.cores, memory_mib=a.memory_mib)
-                 for n, a in enumerate(amounts))
+    return tuple(out)
 
 
 def _show(value: object) -> str:

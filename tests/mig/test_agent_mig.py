@@ -80,7 +80,15 @@ async def test_agent_serves_a_mig_layout_and_survives_kill_9():
         await kubelet.wait_for(lambda: len(kubelet.devices("tencent.com/vcuda-core")) == 200, 30)
         assert set(kubelet.devices("tencent.com/vcuda-core").values()) == {"Unhealthy"}
         annotations = (api.store.get_node("mig-node") or {}).get("metadata", {}).get("annotations") or {}
-        assert node_inventory.decode(annotations[ANN_NODE_INVENTORY]).unhealthy == {0, 1}  # the extender's view
+        published = node_inventory.decode(annotations[ANN_NODE_INVENTORY])  # the extender's view
+        assert published.unhealthy == {0, 1}
+        # and its MIG cards: profiles with their placements, the layout's instances (gpumgr/node/mig_inventory.py)
+        assert published.mig is not None and published.mig.prefix == "nvidia.com/mig-"
+        assert [c.index for c in published.mig.cards] == [0, 1] and published.mig.static_count("1g.10gb") == 14
+        card0 = published.mig.cards[0]
+        assert [(i.profile, i.start, i.origin) for i in card0.instances] == [("1g.10gb", s, "layout") for s in range(7)]
+        three = card0.profile("3g.40gb")
+        assert three is not None and three.starts == (0, 4) and card0.free_starts(three) == ()
         limits = {MIG_1G: "1"}
         pod = api.store.create_pod({
             "metadata": {"name": "mig", "namespace": "default", "uid": str(uuid.uuid4())},

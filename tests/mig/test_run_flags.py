@@ -1,4 +1,4 @@
-"""`gpumgr run`'s MIG flags: a bad layout name, layouts file or resource prefix is one clear line and exit 2,
+"""`gpumgr run`'s MIG flags: a bad layout name, layouts file, resource prefix or strategy is one clear line and exit 2,
 before anything starts."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def test_bad_mig_flags_are_refused_before_anything_starts(tmp_path: Path):
         (("--mig-layouts-file", str(bad_layout)), "MIG layout halves: 'first' is neither \"all\" nor a card index"),
         (("--mig-layouts-file", str(tmp_path / "none.json")), "cannot read"),
         (("--mig-resource-prefix", "NVIDIA.com/mig-"), "--mig-resource-prefix must be a resource name prefix"),
+        (("--mig-strategy", "single"), "--mig-strategy must be mixed"),
     ]:
         p = run(*args)
         assert p.returncode == 2, (args, p.stderr)

@@ -123,6 +123,10 @@ app.kubernetes.io/component: {{ .component }}
       ignoredByScheduler: false
     - name: tencent.com/vcuda-memory
       ignoredByScheduler: false
+    {{- range .Values.agent.mig.extenderProfiles }}
+    - name: {{ printf "%s%s" $.Values.agent.mig.resourcePrefix . | quote }}
+      ignoredByScheduler: false
+    {{- end }}
 {{- end -}}
 
 {{/* The webhook needs matchConditions (admissionregistration v1, GA and on by default in Kubernetes 1.28): on

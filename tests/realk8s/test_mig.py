@@ -1,0 +1,165 @@
+"""MIG on a real cluster: a node whose agent runs on the fake NVML with two H100s in MIG mode (card 0 with a static
+layout of 1g.10gb instances for the device plugins, card 1 empty for DRA). A pod asking `nvidia.com/mig-1g.10gb` is
+scheduled by kube-scheduler, admitted by the real kubelet through the agent's per-profile device plugin, and
+created with the instance's devices; DRA claims of two profiles are allocated by kube-scheduler on the agent's
+partitionable devices without overlapping placements, prepared (the instances made) and destroyed when the pods
+and claims are deleted."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpumgr.devices.types import GPU, Inventory
+from gpumgr.node.checkpoint import CheckpointStore
+from gpumgr.requests.claim_results import mig_device
+from tests.fakes import nvml_node
+from tests.fakes.nvml_node import FakeNvmlNode
+from tests.realk8s import workloads as w
+from tests.realk8s.cluster import Node
+from tests.realk8s.conftest import Env
+from tests.realk8s.procs import wait_for
+
+pytestmark = pytest.mark.timeout(900)
+MIG_NODE = "mig-node"
+DRIVER = "vgpu.gpumgr.io"
+MIG_1G = "nvidia.com/mig-1g.10gb"
+LAYOUTS = {"dp-on-card-0": {"0": ["1g.10gb", "1g.10gb", "1g.10gb"]}}
+SIZES = {9: 4, 14: 2}  # H100 profile id -> memory slices: 3g.40gb, 2g.20gb
+INV = Inventory(gpus=tuple(GPU(index=i, uuid=f"GPU-{i:08d}-realk8s-mig", minor=i, name="NVIDIA H100 80GB HBM3",
+                               memory_mib=81920) for i in range(2)), levels=(("X", "NV18"), ("NV18", "X")))
+
+
+def mig_agent_args(env: Env, node: Node, fake: FakeNvmlNode, layouts: Path) -> list[str]:
+    """The chart's agent arguments for this node (install.py), on the fake NVML instead of the simulated backend,
+    with the MIG flags the chart renders for agent.mig.layout/layouts (tests/chart/test_chart_mig.py)."""
+    args = [a for a in env.gpumgr.agent_args(node, env.spec) if not a.startswith("--simulate=")]
+    return [*args, f"--nvml-lib={nvml_node.library()}", f"--mig-minors={fake.mig_minors}",
+            f"--sysfs-root={node.dir / 'agent' / 'sys'}", f"--mig-layouts-file={layouts}",
+            "--mig-layout=dp-on-card-0", "--mig-resource-prefix=nvidia.com/mig-", "--mig-strategy=mixed"]
+
+
+@pytest.fixture
+def mig_node(realk8s: Env) -> Iterator[Node]:
+    nvml_node.build()
+    node = realk8s.cluster.add_node(MIG_NODE, labels={"nvidia.com/gpu.present": "true"})
+    fake = FakeNvmlNode(node.dir / "nvml", INV, mig={0: "h100-80", 1: "h100-80"}, mig_on=(0, 1)).write()
+    layouts = node.dir / "mig-layouts.json"
+    layouts.write_text(json.dumps(LAYOUTS))
+    args = mig_agent_args(realk8s, node, fake, layouts)
+    proc = node.run_in_namespace(f"{MIG_NODE}-agent", [sys.executable, "-m", "gpumgr.cli", *args],
+                                 env={**os.environ, **fake.env()}, restart=True)
+    realk8s.gpumgr.agents[MIG_NODE] = proc
+    core = realk8s.core()
+    w.ensure_namespace(core)
+    yield node
+    w.delete_all(core)
+    _delete_claims(realk8s)
+    node.stop()
+    del realk8s.cluster.nodes[MIG_NODE]
+    core.delete_node(MIG_NODE)
+    wait_for("the MIG node gone", lambda: MIG_NODE not in [n.metadata.name for n in core.list_node().items], 60)
+    del realk8s.gpumgr.agents[MIG_NODE]
+
+
+def test_pod_asking_a_mig_profile_runs_with_the_instances_devices(realk8s: Env, mig_node: Node) -> None:
+    core = realk8s.core()
+    proc = realk8s.gpumgr.agents[MIG_NODE]
+    wait_for("three 1g.10gb instances in the MIG node's capacity", lambda: (
+        core.read_node(MIG_NODE).status.capacity or {}).get(MIG_1G) == "3", 180, interval_s=0.5, procs=(proc,))
+    limits = {MIG_1G: "1"}
+    w.create(core, w.plain_pod("mig-1g", containers=[{"name": "main", "image": w.IMAGE,
+                                                      "resources": {"limits": limits}}]))
+    pod = w.wait_running(core, "mig-1g")
+    assert pod.spec.node_name == MIG_NODE
+    record = w.record_for(mig_node, pod, "main")
+    mig_uuid = record["envs"]["NVIDIA_VISIBLE_DEVICES"]
+    assert mig_uuid.startswith("MIG-"), record["envs"]
+    devices = [d["hostPath"] for d in record["devices"]]
+    # the parent card, the instance's GPU- and compute-instance capability nodes, and nvidiactl
+    assert devices[0] == "/dev/nvidia0" and "/dev/nvidiactl" in devices, devices
+    caps = [d for d in devices if d.startswith("/dev/nvidia-caps/nvidia-cap")]
+    assert len(caps) == 2, devices
+    slots = _slots(mig_node)
+    held = [s for s in slots if s.uuid == mig_uuid]
+    assert len(held) == 1 and held[0].card == 0 and held[0].origin == "layout", slots
+
+
+def test_dra_claims_of_two_profiles_do_not_overlap_and_are_destroyed(realk8s: Env, mig_node: Node) -> None:
+    from kubernetes import client as k
+
+    core = realk8s.core()
+    custom = k.CustomObjectsApi(realk8s.cluster.client())
+    proc = realk8s.gpumgr.agents[MIG_NODE]
+    wait_for("the MIG node's partitionable devices", lambda: _mig_devices(custom), 180, interval_s=0.5,
+             procs=(proc,))
+    for name, profile in (("three", "3g.40gb"), ("two", "2g.20gb")):
+        custom.create_namespaced_custom_object("resource.k8s.io", "v1", w.NAMESPACE, "resourceclaims",
+                                               _claim(name, profile))
+        w.create(core, _claim_pod(f"dra-{name}", name))
+    pods = {name: w.wait_running(core, f"dra-{name}", timeout_s=180) for name in ("three", "two")}
+    placed = {}
+    for name, pod in pods.items():
+        claim = custom.get_namespaced_custom_object("resource.k8s.io", "v1", w.NAMESPACE, "resourceclaims", name)
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert result["pool"] == MIG_NODE and pod.spec.node_name == MIG_NODE
+        where = mig_device(result["device"])
+        assert where is not None, result
+        card, profile_id, start = where
+        placed[name] = (card, start, start + SIZES[profile_id])
+        record = w.record_for(mig_node, pod, "cuda")
+        assert len(record["cdiDevices"]) == 1, record
+    (c1, a1, b1), (c2, a2, b2) = placed.values()
+    assert c1 != c2 or b1 <= a2 or b2 <= a1, placed  # never two instances on the same memory slices
+    # the layout's instances on card 0 (memory slices 0-2) are not offered: no claim lands on them
+    assert all(card != 0 or start >= 3 for card, start, _end in placed.values()), placed
+    made = {(s.card, s.start) for s in _slots(mig_node) if s.origin == "claim"}
+    assert made == {(c, a) for c, a, _b in placed.values()}, made
+
+    w.delete_all(core)
+    _delete_claims(realk8s)
+    wait_for("the claims' instances destroyed", lambda: not [s for s in _slots(mig_node) if s.origin == "claim"],
+             120, procs=(proc,))
+
+
+def _mig_devices(custom: Any) -> list[str] | None:
+    slices = custom.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")["items"]
+    names = [d["name"] for s in slices if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == MIG_NODE
+             for d in s["spec"].get("devices") or [] if (d.get("attributes") or {}).get("type", {}).get("string")
+             == "mig"]
+    return names or None
+
+
+def _claim(name: str, profile: str) -> dict[str, Any]:
+    expression = (f'device.attributes["{DRIVER}"].type == "mig" && '
+                  f'device.attributes["{DRIVER}"].profile == "{profile}"')
+    exactly = {"deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
+               "selectors": [{"cel": {"expression": expression}}]}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": w.NAMESPACE},
+            "spec": {"devices": {"requests": [{"name": "mig", "exactly": exactly}]}}}
+
+
+def _claim_pod(name: str, claim_name: str) -> dict[str, Any]:
+    pod = w.plain_pod(name, containers=[{"name": "cuda", "image": w.IMAGE, "resources": {"claims": [{"name": "mig"}]}}])
+    pod["spec"]["resourceClaims"] = [{"name": "mig", "resourceClaimName": claim_name}]
+    return pod
+
+
+def _delete_claims(env: Env) -> None:
+    from kubernetes import client as k
+
+    custom = k.CustomObjectsApi(env.cluster.client())
+    custom.delete_collection_namespaced_custom_object("resource.k8s.io", "v1", w.NAMESPACE, "resourceclaims")
+    wait_for("every claim gone", lambda: not custom.list_namespaced_custom_object(
+        "resource.k8s.io", "v1", w.NAMESPACE, "resourceclaims")["items"], 60)
+
+
+def _slots(node: Node) -> list[Any]:
+    return list(CheckpointStore(node.dir / "agent" / "checkpoint").load().snapshot.ledger.slots.values())
