@@ -87,6 +87,10 @@ def test_dra_rights_of_the_agent() -> None:
     assert dra == expected
 
 
+WHOLE_CARDS = ('device.driver == "vgpu.gpumgr.io" && (!("type" in device.attributes["vgpu.gpumgr.io"]) || '
+               'device.attributes["vgpu.gpumgr.io"].type == "gpu")')
+
+
 def device_classes(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["metadata"]["name"]: c for c in render(values).all("DeviceClass")}
 
@@ -97,18 +101,24 @@ def test_device_classes() -> None:
     for dc in classes.values():
         assert dc["apiVersion"] == "resource.k8s.io/v1"
         assert "namespace" not in dc["metadata"]
-        assert dc["spec"]["selectors"] == [{"cel": {"expression": 'device.driver == "vgpu.gpumgr.io"'}}]
+        assert dc["spec"]["selectors"] == [{"cel": {"expression": WHOLE_CARDS}}]
         assert "extendedResourceName" not in dc["spec"]
     whole = device_classes(VARIANTS["dra"])["gpu.gpumgr.io"]
     assert whole["spec"]["extendedResourceName"] == "gpumgr.io/gpu"
     assert "extendedResourceName" not in device_classes(VARIANTS["dra"])["vgpu.gpumgr.io"]["spec"]
 
 
-@pytest.mark.parametrize(("driver", "selected"), [(DRIVER, True), ("gpu.nvidia.com", False)])
-def test_selector_picks_the_drivers_devices(driver: str, selected: bool) -> None:
+@pytest.mark.parametrize(("driver", "kind", "selected"), [
+    (DRIVER, None, True), (DRIVER, "gpu", True), (DRIVER, "mig", False), ("gpu.nvidia.com", None, False)])
+def test_selector_picks_the_drivers_whole_cards(driver: str, kind: str | None, selected: bool) -> None:
+    """The fractional and whole-card classes never select a MIG device of the same driver (a whole-card claim
+    was given a MIG instance on a MIG node); a device without the type attribute (an older agent) is a card."""
+    attributes: dict[str, Any] = {"model": "A100", "index": 0}
+    if kind is not None:
+        attributes["type"] = kind
     device = {
         "driver": driver,
-        "attributes": {DRIVER: {"model": "A100", "index": 0}},
+        "attributes": {DRIVER: attributes},
         "capacity": {DRIVER: {"memory": 42949672960, "cores": 100}},
         "allowMultipleAllocations": True,
     }

@@ -33,12 +33,16 @@ from tests.realk8s.service import ServiceProxy
 SKIPPED_KINDS = {"DaemonSet", "Deployment"}  # run as host processes instead
 
 
+MIG_CLASS = "mig.gpumgr.io"  # the DeviceClass of MIG instances made at claim time
+
+
 def chart_values(extender_port: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The values a user of this cluster gives: the extender's Service reachable at 127.0.0.1 (there is no cluster
     DNS), the agent serving both front ends."""
     values: dict[str, Any] = {
         "scheduler": {"extenderURL": f"https://127.0.0.1:{extender_port}/gpumgr"},
         "agent": {"mode": "both"},
+        "dra": {"deviceClasses": {"mig": MIG_CLASS}},  # the node with MIG cards (test_mig.py)
     }
     return _merge(values, extra or {})
 

@@ -24,6 +24,7 @@ from tests.fakes.nvml_node import FakeNvmlNode
 from tests.realk8s import workloads as w
 from tests.realk8s.cluster import Node
 from tests.realk8s.conftest import Env
+from tests.realk8s.install import MIG_CLASS
 from tests.realk8s.procs import wait_for
 
 pytestmark = pytest.mark.timeout(900)
@@ -139,7 +140,7 @@ def _mig_devices(custom: Any) -> list[str] | None:
 def _claim(name: str, profile: str) -> dict[str, Any]:
     expression = (f'device.attributes["{DRIVER}"].type == "mig" && '
                   f'device.attributes["{DRIVER}"].profile == "{profile}"')
-    exactly = {"deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
+    exactly = {"deviceClassName": MIG_CLASS, "allocationMode": "ExactCount", "count": 1,
                "selectors": [{"cel": {"expression": expression}}]}
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": w.NAMESPACE},
