@@ -205,3 +205,17 @@ async def test_a_shared_claim_with_one_pod_here_is_prepared(node: DraNode) -> No
     uid = claim["metadata"]["uid"]
     resp = await prepare(node, (NS, "shared", uid))
     assert resp.claims[uid].error == "" and resp.claims[uid].devices
+
+
+async def test_a_pod_in_the_agents_pod_cache_needs_no_api_read(node: DraNode) -> None:
+    """The pod cache of this node's pods answers first: a claim whose pod the cache holds is prepared even when
+    the pod cannot be read from the API (here: deleted there, still in the cache)."""
+    claim = _forged_claim(node, "cached", "gpu-0")
+    pod = node.api.store.get_pod(NS, "pod-cached")
+    assert pod is not None and node.fe is not None
+    node.api.store.delete_pod(NS, "pod-cached")
+    uid = claim["metadata"]["uid"]
+    assert "pod-cached (not found)" in (await prepare(node, (NS, "cached", uid))).claims[uid].error
+    node.fe.preparer.cached_pod = {pod["metadata"]["uid"]: pod}.get
+    resp = await prepare(node, (NS, "cached", uid))
+    assert resp.claims[uid].error == "" and resp.claims[uid].devices
