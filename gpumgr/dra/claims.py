@@ -47,14 +47,7 @@ def grant_from_claim(claim: Mapping[str, Any], *, namespace: str, name: str, uid
         raise ClaimError(f"{label}: {e}") from None
     if results is None:
         raise ClaimError(f"{label} is not allocated (no status.allocation): the scheduler has not placed it yet")
-    status = claim["status"]  # an object: allocated_results checked it
-    reserved = status.get("reservedFor") or []
-    if not isinstance(reserved, list) or len(reserved) > MAX_RESERVED:
-        raise ClaimError(f"{label}: status.reservedFor must be a list of at most {MAX_RESERVED}")
-    pods = []
-    for ref in reserved:
-        if isinstance(ref, dict) and ref.get("resource") == "pods" and isinstance(ref.get("uid"), str):
-            pods.append(PodRef(name=str(ref.get("name", "")), uid=ref["uid"]))
+    pods = reserved_pods(label, claim)
     if not pods:
         raise ClaimError(f"{label} is not reserved for any pod (status.reservedFor is empty)")
     mine: list[DeviceGrant] = []
@@ -68,6 +61,16 @@ def grant_from_claim(claim: Mapping[str, Any], *, namespace: str, name: str, uid
         raise ClaimError(f"{label} has no device of driver {driver}" +
                          (f" (its devices belong to {', '.join(sorted(others))})" if others else ""))
     return ClaimGrant(namespace=namespace, name=name, uid=uid, pods=tuple(pods), devices=tuple(mine))
+
+
+def reserved_pods(label: str, claim: Mapping[str, Any]) -> list[PodRef]:
+    """The pods in the claim's status.reservedFor (other kinds of consumer skipped)."""
+    status = claim.get("status")
+    reserved = (status.get("reservedFor") if isinstance(status, Mapping) else None) or []
+    if not isinstance(reserved, list) or len(reserved) > MAX_RESERVED:
+        raise ClaimError(f"{label}: status.reservedFor must be a list of at most {MAX_RESERVED}")
+    return [PodRef(name=str(ref.get("name", "")), uid=ref["uid"]) for ref in reserved
+            if isinstance(ref, dict) and ref.get("resource") == "pods" and isinstance(ref.get("uid"), str)]
 
 
 def _device_grant(label: str, r: Mapping[str, Any], pool: str, inv: Inventory) -> DeviceGrant:

@@ -22,6 +22,7 @@ import grpc
 
 from gpumgr.dra.config import DraConfig, from_agent_config
 from gpumgr.dra.kubeaccess import DraKube
+from gpumgr.dra.placement import CachedPod
 from gpumgr.dra.plugin import DraHealthServicer, DraPluginServicer
 from gpumgr.dra.preparer import ClaimPreparer
 from gpumgr.dra.publisher import SlicePublisher
@@ -39,11 +40,12 @@ MAX_MESSAGE_BYTES = 4 << 20
 
 class DraFrontEnd:
     def __init__(self, cfg: DraConfig, state: NodeState, layout: VDeviceLayout, vdevices: VDeviceManager,
-                 kube: DraKube):
+                 kube: DraKube, cached_pod: CachedPod | None = None):
         self.cfg = cfg
         self.state = state
         self.kube = kube
-        self.preparer = ClaimPreparer(cfg, state, layout, vdevices, lambda ns, name, uid: kube.get_claim(ns, name))
+        self.preparer = ClaimPreparer(cfg, state, layout, vdevices, lambda ns, name, uid: kube.get_claim(ns, name),
+                                      kube.get_pod, cached_pod)
         self.publisher = SlicePublisher(cfg, state, kube)
         self.registration = RegistrationServicer(cfg)
         self.health = DraHealthServicer(cfg, state)
@@ -121,7 +123,9 @@ async def start_dra(agent: Any, cfg: DraConfig | None = None) -> DraFrontEnd:
     layout, vdevices = agent.layout, agent.vdevices  # the agent's, shared with the device-plugin front end
     if layout is None or vdevices is None:
         raise RuntimeError("start_dra: the agent has not built its vDevice layout and manager yet")
-    fe = DraFrontEnd(cfg or from_agent_config(agent.config), state, layout, vdevices, DraKube(agent.kube.api_client))
+    pods = getattr(agent, "pods", None)  # the agent's cache of this node's pods
+    fe = DraFrontEnd(cfg or from_agent_config(agent.config), state, layout, vdevices, DraKube(agent.kube.api_client),
+                     pods.get if pods is not None else None)
     mig = getattr(agent, "mig", None)
     if mig is not None:  # MIG-capable cards: partitionable devices, instances made at prepare (docs/mig.md)
         from gpumgr.dra.mig_prepare import MigClaims

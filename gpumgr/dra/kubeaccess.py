@@ -25,6 +25,7 @@ class DraKube:
         from kubernetes import client
 
         self.api = client.ResourceV1Api(api_client)
+        self.core = client.CoreV1Api(api_client)
 
     async def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("_request_timeout", TIMEOUT)
@@ -41,6 +42,18 @@ class DraKube:
 
         try:
             obj: Obj = await self._run(self.api.read_namespaced_resource_claim, name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return obj
+
+    async def get_pod(self, namespace: str, name: str) -> Obj | None:
+        """One pod, read live (a claim's consumer the agent's pod cache does not hold yet); None when not found."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj: Obj = await self._run(self.core.read_namespaced_pod, name, namespace)
         except ApiException as e:
             if e.status == 404:
                 return None

@@ -19,9 +19,18 @@ from typing import Any
 from gpumgr.allocator import Ledger
 from gpumgr.allocator.ledger import Allocation, ClaimHolder, LedgerError
 from gpumgr.dra import cdi
-from gpumgr.dra.claims import ClaimError, ClaimGrant, check_enforceable, check_uid, grant_from_claim, per_card
+from gpumgr.dra.claims import (
+    ClaimError,
+    ClaimGrant,
+    check_enforceable,
+    check_uid,
+    grant_from_claim,
+    per_card,
+    reserved_pods,
+)
 from gpumgr.dra.config import DraConfig
 from gpumgr.dra.mig_prepare import MigClaims, MigResult, first_pod, mig_results_of
+from gpumgr.dra.placement import CachedPod, GetPod, require_pod_here
 from gpumgr.dra.slices import CORES, MIB, device_name, memory_ceiling
 from gpumgr.node.claims import LEDGER_PREFIX, claim_keys, vdevice_key
 from gpumgr.node.state import NodeState
@@ -38,8 +47,10 @@ _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 class ClaimPreparer:
     def __init__(self, cfg: DraConfig, state: NodeState, layout: VDeviceLayout, vdevices: VDeviceManager,
-                 get_claim: GetClaim):
+                 get_claim: GetClaim, get_pod: GetPod, cached_pod: CachedPod | None = None):
         self.cfg = cfg
+        self.get_pod = get_pod  # a live read of a pod, for one the pod cache does not hold (placement.py)
+        self.cached_pod = cached_pod  # this node's pods, as the agent's pod cache holds them
         self.state = state
         self.layout = layout
         self.vdevices = vdevices
@@ -87,16 +98,25 @@ class ClaimPreparer:
             raise ClaimError(f"{label} (UID {uid}) not found in the API")
         mig = mig_results_of(claim, self.cfg.driver_name, self.cfg.node_name)
         if mig:
+            await self._require_pod_here(label, namespace, claim)
             return await self.prepare_mig(claim, namespace, name, uid, mig)
         grant = grant_from_claim(claim, namespace=namespace, name=name, uid=uid, driver=self.cfg.driver_name,
                                  pool=self.cfg.node_name, inventory=self.state.inventory)
         check_enforceable(grant, self.state.inventory, self.cfg.memory_unit_mib)
+        await self._require_pod_here(label, namespace, claim)
         # shielded: a cancelled call (the kubelet's deadline) never stops between the commit and the edits;
         # the prepare finishes (or rolls back) on its own, and the kubelet's retry finds it done
         task = asyncio.ensure_future(self._locked_prepare(grant))
         self._running.add(task)
         task.add_done_callback(_forget_task(self._running))
         return await asyncio.shield(task)
+
+    async def _require_pod_here(self, label: str, namespace: str, claim: dict[str, Any]) -> None:
+        """Refuse a claim reserved only for pods bound to other nodes (placement.py)."""
+        pods = reserved_pods(label, claim)
+        if pods:  # a claim reserved for no pod is refused by the checks of its kind
+            await require_pod_here(label, namespace, pods, self.cfg.node_name, self.cached_pod, self.get_pod,
+                                   self.cfg.api_timeout_s)
 
     async def prepare_mig(self, claim: dict[str, Any], namespace: str, name: str, uid: str,
                           results: list[MigResult]) -> list[PreparedDevice]:

@@ -50,7 +50,9 @@ async def test_forged_consumed_capacity_is_refused_per_claim_and_changes_nothing
 
 def _reserve_for(node: DraNode, claim: dict[str, Any], pods: int) -> None:
     status = copy.deepcopy(claim["status"])
-    status["reservedFor"] = [{"resource": "pods", "name": f"pod-{i}", "uid": f"uid-{i}"} for i in range(pods)]
+    real = status["reservedFor"][:1]  # the scheduled pod, bound to this node, first
+    status["reservedFor"] = real + [{"resource": "pods", "name": f"pod-{i}", "uid": f"uid-{i}"}
+                                    for i in range(pods - len(real))]
     node.api.store.merge_patch_object("resourceclaims", claim["metadata"]["name"], {"status": status}, NS)
 
 
@@ -65,7 +67,7 @@ async def test_a_claim_reserved_for_256_pods(node: DraNode) -> None:
     resp = await prepare(node, (NS, "share", share["metadata"]["uid"]), (NS, "whole", whole["metadata"]["uid"]))
     refused = resp.claims[share["metadata"]["uid"]].error
     # a limited claim serves one pod; the message names a few and counts the rest (it listed all 256 before)
-    assert "shared by 256 pods (pod-0, pod-1, pod-2, pod-3, pod-4 and 251 more)" in refused, refused
+    assert "shared by 256 pods (pod-share, pod-0, pod-1, pod-2, pod-3 and 251 more)" in refused, refused
     assert len(refused) < 500
     assert resp.claims[whole["metadata"]["uid"]].error == ""  # a whole card may be shared
     assert [d.device_name for d in resp.claims[whole["metadata"]["uid"]].devices] == ["gpu-1"]
@@ -129,16 +131,21 @@ async def test_the_agent_puts_its_slice_back_and_says_why(node: DraNode, caplog:
 
 
 # -- thousands of claims on one node ---------------------------------------------------------------------------------
-def _forged_claim(node: DraNode, name: str, device: str) -> dict[str, Any]:
+def _forged_claim(node: DraNode, name: str, device: str, pod_node: str = NODE) -> dict[str, Any]:
     """A claim created with its allocation already in its status (as a scheduler, or someone with write access to
-    claims' status, would leave it): one share of `device`, 1 core and 256 MiB, reserved for a pod."""
+    claims' status, would leave it): one share of `device`, 1 core and 256 MiB, reserved for a pod bound to
+    `pod_node`."""
+    pod = node.api.store.create_pod({"metadata": {"name": f"pod-{name}", "namespace": NS},
+                                     "spec": {"containers": [{"name": "main", "image": "cuda"}]}})
+    node.api.store.bind_pod(NS, f"pod-{name}", pod_node)
     result = {"request": "gpu", "driver": "vgpu.gpumgr.io", "pool": NODE, "device": device, "shareID": name,
               "consumedCapacity": {"memory": "256Mi", "cores": "1"}}
     return node.api.store.create_object("resourceclaims", {
         "metadata": {"name": name},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "vgpu.gpumgr.io"}}]}},
         "status": {"allocation": {"devices": {"results": [result]}},
-                   "reservedFor": [{"resource": "pods", "name": f"pod-{name}", "uid": f"uid-{name}"}]}}, NS)
+                   "reservedFor": [{"resource": "pods", "name": f"pod-{name}",
+                                    "uid": pod["metadata"]["uid"]}]}}, NS)
 
 
 async def test_two_thousand_claims_on_one_node_fill_it_and_the_rest_are_refused_one_by_one(node: DraNode) -> None:
@@ -156,3 +163,59 @@ async def test_two_thousand_claims_on_one_node_fill_it_and_the_rest_are_refused_
     assert all("does not fit on node dra-node" in e for e in refused), refused[:3]
     assert len(node.dra_allocations()) == 256
     assert len(list(node.cfg.cdi_dir.glob("*"))) == 256
+
+
+# -- a claim whose pods are on another node --------------------------------------------------------------------------
+async def test_a_claim_reserved_only_for_a_pod_on_another_node_is_refused(node: DraNode) -> None:
+    """Allocated on this node's pool, but its pod is bound to node-b: this node prepares nothing for it (it did)."""
+    claim = _forged_claim(node, "elsewhere", "gpu-0", pod_node="node-b")
+    uid = claim["metadata"]["uid"]
+    before = snapshot(node)
+    error = (await prepare(node, (NS, "elsewhere", uid))).claims[uid].error
+    assert ("claim default/elsewhere is reserved only for pods that are not on this node dra-node: "
+            "pod-elsewhere (on node node-b); a node prepares claims for its own pods only") in error, error
+    assert snapshot(node) == before
+
+
+async def test_a_claim_for_a_missing_pod_or_a_pod_of_the_same_name_but_another_uid_is_refused(node: DraNode) -> None:
+    claim = _forged_claim(node, "gone", "gpu-0")
+    uid = claim["metadata"]["uid"]
+    node.api.store.delete_pod(NS, "pod-gone")
+    before = snapshot(node)
+    error = (await prepare(node, (NS, "gone", uid))).claims[uid].error
+    assert "pod-gone (not found)" in error, error
+    node.api.store.create_pod({"metadata": {"name": "pod-gone", "namespace": NS},  # same name, a new pod
+                               "spec": {"containers": [{"name": "main", "image": "cuda"}]}})
+    node.api.store.bind_pod(NS, "pod-gone", NODE)
+    error = (await prepare(node, (NS, "gone", uid))).claims[uid].error
+    assert "pod-gone (not found)" in error, error
+    assert snapshot(node) == before
+
+
+async def test_a_shared_claim_with_one_pod_here_is_prepared(node: DraNode) -> None:
+    """One consumer on this node is enough: the others may run elsewhere (a whole card shared across pods)."""
+    node.create_claim("shared", [whole_request()])
+    node.create_pod("pod-here", {"gpu": {"resourceClaimName": "shared"}})
+    node.scheduler.schedule_pod(NS, "pod-here", [NODE])
+    claim = node.claim("shared")
+    other = _forged_claim(node, "other", "gpu-1", pod_node="node-b")  # only for its bound pod on node-b
+    status = copy.deepcopy(claim["status"])
+    status["reservedFor"] = other["status"]["reservedFor"] + status["reservedFor"]
+    node.api.store.merge_patch_object("resourceclaims", "shared", {"status": status}, NS)
+    uid = claim["metadata"]["uid"]
+    resp = await prepare(node, (NS, "shared", uid))
+    assert resp.claims[uid].error == "" and resp.claims[uid].devices
+
+
+async def test_a_pod_in_the_agents_pod_cache_needs_no_api_read(node: DraNode) -> None:
+    """The pod cache of this node's pods answers first: a claim whose pod the cache holds is prepared even when
+    the pod cannot be read from the API (here: deleted there, still in the cache)."""
+    claim = _forged_claim(node, "cached", "gpu-0")
+    pod = node.api.store.get_pod(NS, "pod-cached")
+    assert pod is not None and node.fe is not None
+    node.api.store.delete_pod(NS, "pod-cached")
+    uid = claim["metadata"]["uid"]
+    assert "pod-cached (not found)" in (await prepare(node, (NS, "cached", uid))).claims[uid].error
+    node.fe.preparer.cached_pod = {pod["metadata"]["uid"]: pod}.get
+    resp = await prepare(node, (NS, "cached", uid))
+    assert resp.claims[uid].error == "" and resp.claims[uid].devices

@@ -227,9 +227,14 @@ class SwitchingProxy:
                 self._open.discard(transport)
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
+        import aiohttp
+
         body = await request.read()
-        headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization", "accept")}
-        async with self._session.request(request.method, self.upstream + request.rel_url.path_qs, data=body or None,
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "accept")}
+        # the body keeps its media type (a bare bytes body went out as application/octet-stream: writes got 415)
+        data = aiohttp.BytesPayload(body, content_type=request.headers.get("Content-Type", "application/json")) \
+            if body else None
+        async with self._session.request(request.method, self.upstream + request.rel_url.path_qs, data=data,
                                          headers=headers, allow_redirects=False) as up:
             resp = web.StreamResponse(status=up.status,
                                       headers={"Content-Type": up.headers.get("Content-Type", "application/json")})
