@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--tls-key-file", default=env_default("--tls-key-file", ""), metavar="F", help="its PEM key")
     p.add_argument("--client-ca-file", default=env_default("--client-ca-file", ""), metavar="F",
                    help="if set, callers must present a client certificate signed by this CA")
+    p.add_argument("--probe-listen", default=env_default("--probe-listen", ""), metavar="HOST:PORT",
+                   help="also serve /healthz (only) on plain HTTP here, for kubelet probes (they present no client "
+                   "certificate, which --client-ca-file requires on --listen)")
     p.add_argument("--scheduler-name", default=env_default("--scheduler-name", "gpumgr-scheduler"), metavar="NAME",
                    help="schedulerName given to GPU pods that name none or default-scheduler "
                    "(default gpumgr-scheduler)")
@@ -71,11 +74,12 @@ def run(args: argparse.Namespace) -> int:
     if not _NAME.match(args.scheduler_name or ""):
         raise InputError(f"--scheduler-name {args.scheduler_name!r}: expected a lower-case DNS name "
                          "such as gpumgr-scheduler")
+    probe = parse_listen(args.probe_listen, "--probe-listen") if args.probe_listen else None
     limits = _limits(args)
     tls = _tls(args)
     import asyncio
 
-    return asyncio.run(_serve(args.scheduler_name, tls, host, port, limits))
+    return asyncio.run(_serve(args.scheduler_name, tls, host, port, limits, probe))
 
 
 def _limits(args: argparse.Namespace) -> dict[str, float]:
@@ -116,7 +120,8 @@ def _tls(args: argparse.Namespace) -> TlsFiles | None:
     return tls
 
 
-async def _serve(scheduler_name: str, tls: TlsFiles | None, host: str, port: int, limits: dict[str, float]) -> int:
+async def _serve(scheduler_name: str, tls: TlsFiles | None, host: str, port: int, limits: dict[str, float],
+                 probe: tuple[str, int] | None) -> int:
     import logging
 
     from gpumgr.webhook.server import WebhookServer
@@ -124,12 +129,13 @@ async def _serve(scheduler_name: str, tls: TlsFiles | None, host: str, port: int
     log = logging.getLogger("gpumgr.webhook")
     server = WebhookServer(scheduler_name, tls, header_timeout=limits["header_timeout"],
                            max_connections=int(limits["max_connections"]), max_cards=int(limits["max_cards"]),
-                           memory_limit_bytes=int(limits["memory_limit_bytes"]))
+                           memory_limit_bytes=int(limits["memory_limit_bytes"]), probe=probe)
     stop = stop_on_signals()
     try:
         await server.start(host, port)
     except OSError as e:
-        log.error("cannot listen on %s:%d: %s", host, port, e)
+        log.error("cannot listen on %s:%d%s: %s", host, port,
+                  f" or {probe[0]}:{probe[1]} (--probe-listen)" if probe else "", e)
         return 1
     try:
         await stop.wait()

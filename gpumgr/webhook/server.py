@@ -42,13 +42,14 @@ READ_TIMEOUT = 10.0  # the API server's own webhook timeout is 10 s by default
 HEADER_TIMEOUT = 5.0  # to send the request line and headers (and the TLS handshake); also the idle keep-alive
 MAX_CONNECTIONS = 256
 RELOAD_EVERY = 60.0
+PROBE_CONNECTIONS = 16  # the probe port serves the kubelet's probes only
 
 
 class WebhookServer:
     def __init__(self, scheduler_name: str, tls: TlsFiles | None, *, max_body_bytes: int = MAX_BODY_BYTES,
                  read_timeout: float = READ_TIMEOUT, reload_every: float = RELOAD_EVERY,
                  header_timeout: float = HEADER_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
-                 max_cards: int = MAX_CARDS, memory_limit_bytes: int = 0):
+                 max_cards: int = MAX_CARDS, memory_limit_bytes: int = 0, probe: tuple[str, int] | None = None):
         for name, value in (("header_timeout", header_timeout), ("max_connections", max_connections),
                             ("max_cards", max_cards), ("read_timeout", read_timeout)):
             if not value > 0:
@@ -70,40 +71,61 @@ class WebhookServer:
         self.max_elements = self._limits.max_json_elements
         self._budget = BodyBudget(self._limits.budget_bytes)
         self._stamp = _stamp(tls) if tls else None
+        self.probe = probe  # (host, port): /healthz alone on plain HTTP, for kubelet probes (no client certificate)
+        self.probe_port: int | None = None
         self._runner: Any = None
+        self._probe_runner: Any = None
         self._reloader: asyncio.Task[None] | None = None
 
     async def start(self, host: str = "0.0.0.0", port: int = 8443) -> int:
-        """Listen; returns the port listened on."""
+        """Listen (and on the probe address, if any); returns the port listened on."""
         from aiohttp import web
-
-        from gpumgr.serving.site import CappedSite
 
         if self._runner is not None:
             raise RuntimeError("the webhook is already started")
         app = web.Application(middlewares=[_json_errors()])
         app.router.add_post("/mutate", self._mutate)
         app.router.add_get("/healthz", self._healthz)
+        runner, bound = await self._listen(app, host, port, self.max_connections, self.ssl_context)
+        if self.probe is not None:
+            probe_app = web.Application(middlewares=[_json_errors()])
+            probe_app.router.add_get("/healthz", self._healthz)
+            try:
+                self._probe_runner, self.probe_port = await self._listen(probe_app, *self.probe, PROBE_CONNECTIONS,
+                                                                         None)
+            except BaseException:
+                await runner.cleanup()
+                raise
+        self._runner = runner
+        if self.tls is not None and self.reload_every > 0:
+            self._reloader = asyncio.ensure_future(self._reload_loop())
+        auth = "client certificates required" if self.tls and self.tls.client_ca_file else "no client authentication"
+        log.info("webhook listening on %s://%s:%d (schedulerName %s; %s)", "https" if self.tls else "http", host,
+                 bound, self.scheduler_name, auth)
+        if self.probe_port is not None:
+            log.info("health probe on http://%s:%d/healthz", self.probe[0] if self.probe else "", self.probe_port)
+        return bound
+
+    async def _listen(self, app: Any, host: str, port: int, max_connections: int,
+                      ssl_context: ssl.SSLContext | None) -> tuple[Any, int]:
+        """A runner for `app` serving on host:port (CappedSite, as the extender's); the runner and the bound port."""
+        from aiohttp import web
+
+        from gpumgr.serving.site import CappedSite
+
         # keepalive_timeout is aiohttp's timer from a connection's start (or its last answer) to a whole request
         # head: a caller that sends part of its headers and stops is closed after it
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, keepalive_timeout=self.header_timeout,
                                lingering_time=1.0, auto_decompress=False)  # read_body inflates, bounded
         await runner.setup()
         try:
-            site = CappedSite(runner, host, port, max_connections=self.max_connections,
-                              handshake_timeout=self.header_timeout, ssl_context=self.ssl_context,
-                              busy_body=BUSY_BODY)
+            site = CappedSite(runner, host, port, max_connections=max_connections,
+                              handshake_timeout=self.header_timeout, ssl_context=ssl_context, busy_body=BUSY_BODY)
             await site.start()
         except BaseException:
             await runner.cleanup()
             raise
-        self._runner = runner
-        if self.tls is not None and self.reload_every > 0:
-            self._reloader = asyncio.ensure_future(self._reload_loop())
-        bound = site.port
-        log.info("webhook listening on %s://%s:%d (schedulerName %s)", "https" if self.tls else "http", host, bound,
-                 self.scheduler_name)
-        return int(bound)
+        return runner, int(site.port)
 
     async def stop(self) -> None:
         if self._reloader is not None:
@@ -111,9 +133,12 @@ class WebhookServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reloader
             self._reloader = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        for attr in ("_runner", "_probe_runner"):
+            runner = getattr(self, attr)
+            setattr(self, attr, None)
+            if runner is not None:
+                await runner.cleanup()
+        self.probe_port = None
 
     def reload_certificates(self) -> bool:
         """Load the certificate and key again if their files changed; True when the new pair is in use.

@@ -37,10 +37,13 @@ def test_webhook_command_follows_the_contract() -> None:
         "scheduler-name": "gpumgr-scheduler",
         "max-cards-per-container": "16",
         "log-level": "info",
+        "probe-listen": "0.0.0.0:8081",
     }
+    # the kubelet has no client certificate: probes go to the plain-HTTP probe port, never to the API port
     for probe in (c["livenessProbe"], c["readinessProbe"]):
-        assert probe["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
-    assert c["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
+        assert probe["httpGet"] == {"path": "/healthz", "port": "probes"}
+    assert c["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"},
+                          {"name": "probes", "containerPort": 8081, "protocol": "TCP"}]
     pod = deployment["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
     assert c["securityContext"]["runAsNonRoot"] is True and c["securityContext"]["readOnlyRootFilesystem"] is True
@@ -186,3 +189,56 @@ def test_max_cards_per_container_is_passed_and_bounded() -> None:
     for bad in (0, 5000, "16"):
         with pytest.raises(Exception, match="maxCardsPerContainer"):
             render({"webhook": {"maxCardsPerContainer": bad}})
+
+
+def test_probe_port_is_configurable_and_not_behind_the_service() -> None:
+    rendered = render({"webhook": {"probePort": 9090}})
+    c = container(rendered.get("Deployment", WEBHOOK), "webhook")
+    assert flags(c["args"])["probe-listen"] == "0.0.0.0:9090"
+    assert {"name": "probes", "containerPort": 9090, "protocol": "TCP"} in c["ports"]
+    (port,) = rendered.get("Service", WEBHOOK)["spec"]["ports"]
+    assert port["targetPort"] == "https"
+
+
+def client_ca_mount(rendered: Rendered) -> tuple[str, dict[str, Any]]:
+    """The --client-ca-file path and the volume that holds it."""
+    deployment = rendered.get("Deployment", WEBHOOK)
+    c = container(deployment, "webhook")
+    path = str(flags(c["args"])["client-ca-file"])
+    (mount,) = [m for m in c["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert path == f"{mount['mountPath']}/ca.crt"
+    return path, volume
+
+
+def test_no_client_ca_by_default() -> None:
+    rendered = render()
+    c = container(rendered.get("Deployment", WEBHOOK), "webhook")
+    assert "client-ca-file" not in flags(c["args"])
+    assert [v["name"] for v in rendered.get("Deployment", WEBHOOK)["spec"]["template"]["spec"]["volumes"]] == ["tls"]
+    assert not [o for o in rendered.all("ConfigMap") if "client-ca" in o["metadata"]["name"]]
+
+
+def test_client_ca_from_a_configmap_is_mounted_and_required() -> None:
+    rendered = render({"webhook": {"clientCA": {"configMap": "apiserver-webhook-ca"}}})
+    _, volume = client_ca_mount(rendered)
+    assert volume["configMap"] == {"name": "apiserver-webhook-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert not [o for o in rendered.all("ConfigMap") if "client-ca" in o["metadata"]["name"]]  # the user's own
+
+
+def test_client_ca_given_inline_is_put_in_a_configmap_and_required(tmp_path: Path) -> None:
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    rendered = render({"webhook": {"clientCA": {"pem": pem}}})
+    _, volume = client_ca_mount(rendered)
+    config_map = rendered.get("ConfigMap", volume["configMap"]["name"])
+    assert config_map["metadata"]["namespace"] == NAMESPACE and config_map["data"] == {"ca.crt": pem}
+
+
+def test_client_ca_refuses_both_sources_and_bad_values() -> None:
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    with pytest.raises(Exception, match="configMap or pem, not both"):
+        render({"webhook": {"clientCA": {"configMap": "ca", "pem": pem}}})
+    for bad in ({"configMap": "Not A Name"}, {"pem": "not a certificate"}, {"secret": "ca"}):
+        with pytest.raises(Exception, match="clientCA"):
+            render({"webhook": {"clientCA": bad}})

@@ -82,6 +82,7 @@ class Cluster:
         self.sa = pki.service_account_keys(self.pki_dir)
         admin = self.ca.issue("admin", "admin", groups=("system:masters",))
         self._write_kubeconfig(self.admin_kubeconfig, cert=admin)
+        admission = self._admission_config()
         self._apiserver = self._spawn("kube-apiserver", [
             str(self.bin / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.api_port}",
@@ -93,6 +94,7 @@ class Cluster:
             f"--kubelet-client-certificate={to_kubelet.cert}", f"--kubelet-client-key={to_kubelet.key}",
             f"--kubelet-certificate-authority={self.ca.ca_file}",
             "--endpoint-reconciler-type=none", "--profiling=false", "--allow-privileged=true",
+            f"--admission-control-config-file={admission}",
         ])
         wait_for("etcd and kube-apiserver /readyz", lambda: self._get("/readyz") == "ok", START_TIMEOUT_S,
                  procs=(etcd, self._apiserver))
@@ -194,6 +196,28 @@ class Cluster:
         proc = Proc(name, args, self.logs, env=env, cwd=self.workdir).start()
         self.procs.append(proc)
         return proc
+
+    def _admission_config(self) -> Path:
+        """The AdmissionConfiguration a user writes for a webhook that requires a client certificate
+        (docs/webhook.md): the MutatingAdmissionWebhook plugin's kubeconfig has a `'*'` user (any webhook host)
+        with a certificate the cluster CA signed for the API server (`webhook_client`)."""
+        self.webhook_client = self.ca.issue("apiserver-webhook-client", "kube-apiserver-webhook-client")
+        kubeconfig = self.workdir / "admission-webhook.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "users": [{"name": "*", "user": {"client-certificate": str(self.webhook_client.cert),
+                                             "client-key": str(self.webhook_client.key)}}],
+        }))
+        kubeconfig.chmod(0o600)
+        plugin = self.workdir / "admission-webhook.yaml"
+        plugin.write_text(yaml.safe_dump({"apiVersion": "apiserver.config.k8s.io/v1",
+                                          "kind": "WebhookAdmissionConfiguration", "kubeConfigFile": str(kubeconfig)}))
+        path = self.workdir / "admission.yaml"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+            "plugins": [{"name": "MutatingAdmissionWebhook", "path": str(plugin)}],
+        }))
+        return path
 
     def _component_flags(self, kubeconfig: Path) -> list[str]:
         return [f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",

@@ -31,8 +31,9 @@ from tests.realk8s.procs import Proc, free_port, wait_for
 from tests.realk8s.service import ServiceProxy
 
 SKIPPED_KINDS = {"DaemonSet", "Deployment"}  # run as host processes instead
-
-
+# The ConfigMap with the CA of the API server's webhook client certificate (webhook.clientCA.configMap), created
+# as docs/webhook.md says: here the cluster CA signed that certificate (Cluster._admission_config).
+WEBHOOK_CLIENT_CA = "apiserver-webhook-client-ca"
 MIG_CLASS = "mig.gpumgr.io"  # the DeviceClass of MIG instances made at claim time
 
 
@@ -43,6 +44,7 @@ def chart_values(extender_port: int, extra: dict[str, Any] | None = None) -> dic
         "scheduler": {"extenderURL": f"https://127.0.0.1:{extender_port}/gpumgr"},
         "agent": {"mode": "both"},
         "dra": {"deviceClasses": {"mig": MIG_CLASS}},  # the node with MIG cards (test_mig.py)
+        "webhook": {"clientCA": {"configMap": WEBHOOK_CLIENT_CA}},
     }
     return _merge(values, extra or {})
 
@@ -59,6 +61,9 @@ def apply(cluster: Cluster, rendered: Rendered, webhook_ca: pki.Authority, webho
     except k.ApiException as error:
         if error.status != 409:
             raise
+    if webhook_client_ca(rendered) is not None:
+        core.create_namespaced_config_map(NAMESPACE, k.V1ConfigMap(
+            metadata=k.V1ObjectMeta(name=WEBHOOK_CLIENT_CA), data={"ca.crt": cluster.ca.ca_file.read_text()}))
     dyn = dynamic.DynamicClient(api_client)
     created = []
     for obj in rendered.objects:
@@ -78,6 +83,16 @@ def apply(cluster: Cluster, rendered: Rendered, webhook_ca: pki.Authority, webho
     return created
 
 
+def webhook_client_ca(rendered: Rendered) -> str | None:
+    """The ConfigMap the rendered webhook Deployment takes its --client-ca-file from, if any."""
+    for obj in rendered.all("Deployment"):
+        if obj["metadata"]["name"] == f"{PREFIX}-webhook":
+            for volume in obj["spec"]["template"]["spec"].get("volumes", []):
+                if "configMap" in volume:
+                    return str(volume["configMap"]["name"])
+    return None
+
+
 @dataclass
 class Gpumgr:
     """The chart's components on a test cluster."""
@@ -94,6 +109,7 @@ class Gpumgr:
     extender_ports: dict[str, int] = field(default_factory=dict)  # replica's pod name -> its own listen port
     service: ServiceProxy | None = None  # the extender's Service: routes to the pod labelled leader
     webhook: Proc | None = None
+    webhook_probe_port: int = 0
     scheduler: Proc | None = None
 
     def name(self, component: str) -> str:
@@ -225,14 +241,19 @@ class Gpumgr:
         rendered = container(self.rendered.get("Deployment", name), "webhook")["args"]
         serving = self.webhook_ca.issue("webhook-serving", f"{name}.{NAMESPACE}.svc", server=True,
                                         hosts=("127.0.0.1", f"{name}.{NAMESPACE}.svc"))
+        # --client-ca-file: the ConfigMap's ca.crt (WEBHOOK_CLIENT_CA), which is the cluster CA's certificate
+        assert webhook_client_ca(self.rendered) == WEBHOOK_CLIENT_CA
+        self.webhook_probe_port = free_port()
         paths = {"--listen": f"127.0.0.1:{self.webhook_port}", "--tls-cert-file": str(serving.cert),
-                 "--tls-key-file": str(serving.key)}
+                 "--tls-key-file": str(serving.key), "--client-ca-file": str(self.cluster.ca.ca_file),
+                 "--probe-listen": f"127.0.0.1:{self.webhook_probe_port}"}
         args = [f"{a.partition('=')[0]}={paths[a.partition('=')[0]]}" if a.partition("=")[0] in paths else a
                 for a in rendered]
         proc = Proc("webhook", [sys.executable, "-m", "gpumgr.cli", *args], self.cluster.logs, env=_env(),
                     restart=True).start()
         self.cluster.procs.append(proc)
         self.webhook = proc
+        wait_http(f"http://127.0.0.1:{self.webhook_probe_port}/healthz", "the webhook's probe port", proc)
         return proc
 
     def stop(self) -> None:

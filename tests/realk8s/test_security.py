@@ -101,8 +101,39 @@ def test_extender_refuses_callers_without_a_client_certificate(realk8s: Env) -> 
     context = ssl.create_default_context(cafile=str(realk8s.gpumgr.secret_file(
         realk8s.gpumgr.rendered_tls_secret("extender"), "ca.crt")))
     context.check_hostname = False
-    with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+    assert_refused_before_http(url, context)
+
+
+def assert_refused_before_http(url: str, context: ssl.SSLContext) -> None:
+    """The TLS handshake is refused: no HTTP answer at all (an HTTP error such as 400 would mean it was served)."""
+    try:
         urllib.request.urlopen(urllib.request.Request(url, data=b"{}", method="POST"), context=context, timeout=5)
+    except urllib.error.HTTPError as served:
+        raise AssertionError(f"{url} served the caller: HTTP {served.code}") from None
+    except (ssl.SSLError, urllib.error.URLError, ConnectionError):
+        return
+    raise AssertionError(f"{url} served the caller")
+
+
+def test_webhook_refuses_callers_without_a_client_certificate(realk8s: Env, tmp_path: Any) -> None:
+    # the API server's own calls (with its client certificate) are accepted: tests/realk8s/test_webhook.py
+    from tests.realk8s import pki
+
+    gpumgr = realk8s.gpumgr
+    url = f"https://127.0.0.1:{gpumgr.webhook_port}/mutate"
+    stranger = pki.Authority(tmp_path / "stranger", "stranger-ca").issue("stranger", "kube-apiserver-webhook-client")
+    for client in (None, stranger):
+        context = ssl.create_default_context(cafile=str(gpumgr.webhook_ca.ca_file))
+        if client is not None:
+            context.load_cert_chain(str(client.cert), str(client.key))
+        assert_refused_before_http(url, context)
+    # the kubelet's probes need no certificate: the probe port serves /healthz and nothing else
+    probe = f"http://127.0.0.1:{gpumgr.webhook_probe_port}"
+    with urllib.request.urlopen(f"{probe}/healthz", timeout=5) as r:
+        assert r.status == 200
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(f"{probe}/mutate", data=b"{}", method="POST"), timeout=5)
+    assert refused.value.code == 404
 
 
 def test_extender_may_only_write_gpumgr_annotations_on_pods(realk8s: Env, core: Any) -> None:

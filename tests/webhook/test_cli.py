@@ -54,6 +54,8 @@ def test_refuses_bad_listen_and_scheduler_name(certs: Pair) -> None:
     tls = ["--tls-cert-file", str(certs.cert), "--tls-key-file", str(certs.key)]
     assert "--listen" in _fails([*tls, "--listen", "127.0.0.1:99999"])
     assert "--scheduler-name" in _fails([*tls, "--scheduler-name", "Not A Name"])
+    assert "--probe-listen '127.0.0.1:0'" in _fails([*tls, "--probe-listen", "127.0.0.1:0"])
+    assert "--probe-listen" in _fails([*tls, "--probe-listen", "nowhere"])
 
 
 def _free_port() -> int:
@@ -110,6 +112,38 @@ def test_insecure_http_serves_plain_http_with_a_warning() -> None:
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "WARNING" in err and "--insecure-http" in err
+
+
+def test_probe_listen_serves_healthz_over_http_while_mutate_needs_a_client_certificate(tmp_path: Path,
+                                                                                     certs: Pair) -> None:
+    from tests.webhook.conftest import make_cert
+
+    ca = make_cert(tmp_path, "ca", cn="webhook-callers")
+    port, probe = _free_port(), _free_port()
+    proc = subprocess.Popen([*GPUMGR, "--listen", f"127.0.0.1:{port}", "--tls-cert-file", str(certs.cert),
+                             "--tls-key-file", str(certs.key), "--client-ca-file", str(ca.cert)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(GPUMGR_PROBE_LISTEN=f"127.0.0.1:{probe}"))
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{probe}/healthz", timeout=5) as r:
+                    assert json.load(r) == {"status": "alive"}
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+                time.sleep(0.1)
+        try:
+            urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=client_context(certs.cert), timeout=5)
+            raise AssertionError("served a caller without a client certificate")
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert f"health probe on http://127.0.0.1:{probe}/healthz" in err and "client certificates required" in err
 
 
 def test_refuses_bad_limits(certs: Pair) -> None:
