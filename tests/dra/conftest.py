@@ -4,16 +4,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.dra.harness import DraNode, remove_root, short_root
+from tests.dra.harness import DraNode, running_node
 
 
 @pytest.fixture
 async def node() -> AsyncIterator[DraNode]:
-    root = short_root()
-    n = DraNode(root)
-    await n.start()
-    try:
+    async with running_node(DraNode) as n:
         yield n
-    finally:
-        await n.stop()
-        remove_root(root)

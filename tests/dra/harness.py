@@ -5,11 +5,12 @@ scheduler stand-in. No GPU, no cluster: everything else is the real code."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import config
 
@@ -61,6 +62,9 @@ def share_request(name: str = "gpu", memory: str = "4Gi", cores: int = 30, cls: 
 
 def whole_request(name: str = "gpu", count: int = 1) -> dict[str, Any]:
     return {"name": name, "exactly": {"deviceClassName": WHOLE_CLASS, "count": count}}
+
+
+DraNodeT = TypeVar("DraNodeT", bound="DraNode")
 
 
 class DraNode:
@@ -180,3 +184,16 @@ def short_root() -> Path:
 
 def remove_root(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def running_node(make: Callable[[Path], DraNodeT]) -> AsyncIterator[DraNodeT]:
+    """A DraNode (or a subclass) made by `make` in a short temporary root, started, and always stopped and removed."""
+    root = short_root()
+    n = make(root)
+    await n.start()
+    try:
+        yield n
+    finally:
+        await n.stop()
+        remove_root(root)

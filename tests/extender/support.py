@@ -170,3 +170,36 @@ def lease_holder(store: Any) -> str:
     """The Lease's holderIdentity in the test API server's store ("" when none)."""
     lease = store.get_object("leases", LEASE_NAME, LEASE_NS)
     return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
+
+
+async def assert_a_relist_frees_the_node(tmp_path: Path, store: Any, p: dict[str, Any], holder: str) -> None:
+    """`p` does not fit node "n" while pod `holder` holds it; the API goes away, the holder is deleted and more
+    changes happen than the store's history keeps; when the API is back the extender's watch resumes, gets 410,
+    lists again and forgets the holder: `p` fits. `store` is a KubeStore with a short history."""
+    import aiohttp
+
+    from gpumgr.extender.server import ExtenderServer
+    from gpumgr.sim.kubeapi import KubeApiServer
+
+    api = KubeApiServer(store, bookmark_interval=0.2)
+    await api.start()
+    server = ExtenderServer(str(api.write_kubeconfig(tmp_path / "kubeconfig")), insecure=True)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        await server.wait_ready(10)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+
+            async def fits() -> bool:
+                async with http.post(f"http://127.0.0.1:{port}/gpumgr/filter", json=args(p, ["n"])) as r:
+                    return "n" in ((await r.json())["NodeNames"] or [])
+
+            assert not await fits()
+            await api.stop()  # the watch breaks; meanwhile more changes than the history keeps
+            store.delete_pod("default", holder)
+            for i in range(5):
+                store.create_pod(pod(f"filler-{i}", [(0, 0)]))
+            await api.start()  # same port, same store: the watch resumes, gets 410, lists again
+            assert await eventually(fits, timeout=15)
+    finally:
+        await server.stop()
+        await api.stop()

@@ -10,14 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from gpumgr.extender.server import ExtenderServer
 from gpumgr.mig.profiles import FAMILIES
 from gpumgr.node import inventory as node_inventory
 from gpumgr.node.mig_inventory import MigCardView, MigInstanceView, MigProfileView, NodeMig
 from gpumgr.sim.kubeapi import KubeApiServer, KubeStore
-from tests.extender.support import args, eventually, inventory, node, pod
+from tests.extender.support import args, assert_a_relist_frees_the_node, eventually, inventory, node, pod
 
 DRIVER = "vgpu.gpumgr.io"
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -179,28 +176,7 @@ async def test_a_relist_forgets_pods_deleted_while_the_watch_was_down(tmp_path: 
     store.create_node(mig_node("n", [mig_card(0, SEVEN_ONES[:1])]))
     store.create_pod(mig_pod("holder", {ONE: 1}, node_name="n"))
     p = store.create_pod(mig_pod("want", {ONE: 1}))
-    api = KubeApiServer(store, bookmark_interval=0.2)
-    await api.start()
-    server = ExtenderServer(str(api.write_kubeconfig(tmp_path / "kubeconfig")), insecure=True)
-    port = await server.start("127.0.0.1", 0)
-    try:
-        await server.wait_ready(10)
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-
-            async def fits() -> bool:
-                async with http.post(f"http://127.0.0.1:{port}/gpumgr/filter", json=args(p, ["n"])) as r:
-                    return "n" in ((await r.json())["NodeNames"] or [])
-
-            assert not await fits()
-            await api.stop()  # the watch breaks; meanwhile more changes than the history keeps
-            store.delete_pod("default", "holder")
-            for i in range(5):
-                store.create_pod(pod(f"filler-{i}", [(0, 0)]))
-            await api.start()  # the watch resumes, gets 410, lists again: the holder is gone
-            assert await eventually(fits, timeout=15)
-    finally:
-        await server.stop()
-        await api.stop()
+    await assert_a_relist_frees_the_node(tmp_path, store, p, "holder")
 
 
 def claim(name: str, node_name: str, device: str) -> dict[str, Any]:

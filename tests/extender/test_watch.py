@@ -10,7 +10,7 @@ import aiohttp
 
 from gpumgr.extender.server import ExtenderServer
 from gpumgr.sim.kubeapi import KubeApiServer, KubeStore, write_kubeconfig
-from tests.extender.support import args, eventually, holding, inventory, node, pod
+from tests.extender.support import args, assert_a_relist_frees_the_node, eventually, holding, inventory, node, pod
 
 
 def free_port() -> int:
@@ -87,29 +87,7 @@ async def test_a_relist_after_the_history_is_gone_catches_up(tmp_path: Path) -> 
     store.create_node(node("n", inventory(1)))
     store.create_pod(holding("hog", "n", [(100, 0, [0])]))
     p = store.create_pod(pod("p", [(100, 0)]))
-    api = KubeApiServer(store, bookmark_interval=0.2)
-    await api.start()
-    server = ExtenderServer(str(api.write_kubeconfig(tmp_path / "kubeconfig")), insecure=True)
-    port = await server.start("127.0.0.1", 0)
-    try:
-        await server.wait_ready(10)
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-
-            async def fits() -> bool:
-                body = args(p, ["n"])
-                async with http.post(f"http://127.0.0.1:{port}/gpumgr/filter", json=body) as r:
-                    return "n" in (await r.json())["NodeNames"]
-
-            assert not await fits()
-            await api.stop()  # the watch breaks; meanwhile more changes than the history keeps
-            store.delete_pod("default", "hog")
-            for i in range(5):
-                store.create_pod(pod(f"filler-{i}", [(0, 0)]))
-            await api.start()  # same port, same store: the watch resumes, gets 410, lists again
-            assert await eventually(fits, timeout=15)
-    finally:
-        await server.stop()
-        await api.stop()
+    await assert_a_relist_frees_the_node(tmp_path, store, p, "hog")
 
 
 async def _unresolvable(ext: Any, p: dict[str, Any], name: str) -> bool:

@@ -26,7 +26,7 @@ from gpumgr.node.checkpoint import CheckpointStore
 from gpumgr.node.state import NodeState, load_checkpoint
 from gpumgr.sim.dra_scheduler import Unschedulable
 from gpumgr.vdevice.server import VDeviceManager
-from tests.dra.harness import NODE, DraNode, remove_root, short_root
+from tests.dra.harness import NODE, DraNode, running_node
 
 MIG_CLASS = "mig.gpumgr.io"
 INV = Inventory(gpus=tuple(GPU(index=i, uuid=f"GPU-{i:08d}-aaaa-bbbb-cccc-000000000000", minor=i,
@@ -70,14 +70,8 @@ def profile_request(name: str, profile: str) -> dict[str, Any]:
 
 @pytest.fixture
 async def node() -> AsyncIterator[MigDraNode]:
-    root = short_root()
-    n = MigDraNode(root)
-    await n.start()
-    try:
+    async with running_node(MigDraNode) as n:
         yield n
-    finally:
-        await n.stop()
-        remove_root(root)
 
 
 def instances(node: MigDraNode) -> set[tuple[int, int, str]]:
