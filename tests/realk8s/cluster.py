@@ -198,25 +198,23 @@ class Cluster:
         return proc
 
     def _admission_config(self) -> Path:
-        """The AdmissionConfiguration a user writes for a webhook that requires a client certificate
-        (docs/webhook.md): the MutatingAdmissionWebhook plugin's kubeconfig has a `'*'` user (any webhook host)
-        with a certificate the cluster CA signed for the API server (`webhook_client`)."""
+        """The AdmissionConfiguration docs/installation.md tells a user to write for a webhook that requires a client
+        certificate, taken from the doc's two YAML blocks so that the doc is what the real API server runs: only the
+        file paths are the tier's, and the user is the doc's `'*'` (the tier's webhook is called by URL, not through
+        its Service), with a certificate the cluster CA signed for the API server (`webhook_client`)."""
         self.webhook_client = self.ca.issue("apiserver-webhook-client", "kube-apiserver-webhook-client")
+        admission, webhook_kubeconfig = documented_admission_config()
         kubeconfig = self.workdir / "admission-webhook.kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config",
-            "users": [{"name": "*", "user": {"client-certificate": str(self.webhook_client.cert),
-                                             "client-key": str(self.webhook_client.key)}}],
-        }))
+        (user,) = webhook_kubeconfig["users"]
+        user["name"] = "*"
+        files = {"client-certificate": self.webhook_client.cert, "client-key": self.webhook_client.key}
+        user["user"] = {key: str(files[key]) for key in user["user"]}  # the doc's keys: a wrong one fails here
+        kubeconfig.write_text(yaml.safe_dump(webhook_kubeconfig))
         kubeconfig.chmod(0o600)
-        plugin = self.workdir / "admission-webhook.yaml"
-        plugin.write_text(yaml.safe_dump({"apiVersion": "apiserver.config.k8s.io/v1",
-                                          "kind": "WebhookAdmissionConfiguration", "kubeConfigFile": str(kubeconfig)}))
+        (plugin,) = admission["plugins"]
+        plugin["configuration"]["kubeConfigFile"] = str(kubeconfig)
         path = self.workdir / "admission.yaml"
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
-            "plugins": [{"name": "MutatingAdmissionWebhook", "path": str(plugin)}],
-        }))
+        path.write_text(yaml.safe_dump(admission))
         return path
 
     def _component_flags(self, kubeconfig: Path) -> list[str]:
@@ -373,3 +371,17 @@ def _now() -> str:
 
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
+
+INSTALLATION_DOC = Path(__file__).resolve().parents[2] / "docs" / "installation.md"
+
+
+def documented_admission_config() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The AdmissionConfiguration and the webhook kubeconfig of docs/installation.md ("Requiring the API server's
+    client certificate"), as the two YAML blocks there, in order."""
+    section = INSTALLATION_DOC.read_text().split("### Requiring the API server's client certificate", 1)[1]
+    blocks = [part.split("```", 1)[0] for part in section.split("```yaml")[1:3]]
+    admission, kubeconfig = (yaml.safe_load(block) for block in blocks)
+    if admission.get("kind") != "AdmissionConfiguration" or kubeconfig.get("kind") != "Config":
+        raise ValueError(f"{INSTALLATION_DOC}: the client-certificate section no longer shows the "
+                         "AdmissionConfiguration and its webhook kubeconfig as its first two YAML blocks")
+    return admission, kubeconfig
