@@ -300,3 +300,21 @@ async def test_kill_9_at_every_step_of_two_shares(hardware: Callable[[], Any], t
         finally:
             await again.stop()
     assert finished and finished > 8
+
+
+async def test_after_a_restart_without_the_api_a_share_gets_its_server_back(hardware: Callable[[], Any],  # noqa: F811
+                                                                            tmp_path: Path, vm_root: Path):
+    first = Agent(tmp_path, hardware(), Steps(None), vm_root)
+    claims = await first.start()
+    await claims.prepare("ns", "a", A, "pod-a", "pod-a-uid", share(50, 4))
+    before = first.limits(A)
+    await first.stop()  # the agent dies; the kubelet has not unprepared
+    again = Agent(tmp_path, hardware(), Steps(None), vm_root)
+    claims = await again.start()
+    try:
+        assert again.vdevices is not None and again.vdevices.running() == {}
+        await claims.restart_servers(A)  # what the DRA recovery does when the API cannot be listed
+        assert vdevice_key(A) in again.vdevices.running() and again.limits(A) == before
+        assert before.devices[0].memory_limit_bytes == 4 * GIB
+    finally:
+        await again.stop()
