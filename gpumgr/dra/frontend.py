@@ -129,8 +129,10 @@ async def start_dra(agent: Any, cfg: DraConfig | None = None) -> DraFrontEnd:
     mig = getattr(agent, "mig", None)
     if mig is not None:  # MIG-capable cards: partitionable devices, instances made at prepare (docs/mig.md)
         from gpumgr.dra.mig_prepare import MigClaims
+        from gpumgr.dra.mig_shares import ShareSupport
 
-        fe.preparer.mig = MigClaims(state, mig.manager, fe.cfg.cdi_dir, agent.config.mig_minors, fe.cfg.node_name)
+        fe.preparer.mig = MigClaims(state, mig.manager, fe.cfg.cdi_dir, agent.config.mig_minors, fe.cfg.node_name,
+                                    ShareSupport(fe.cfg, layout, vdevices))
         fe.publisher.mig_cards = await asyncio.to_thread(mig.manager.cards)
     await fe.start()
     return fe

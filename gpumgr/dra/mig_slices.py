@@ -4,7 +4,11 @@ MIG-capable cards in, ResourceSlice specs out.
 Each card in MIG mode gets one counter set `gpu-<index>-counter-set`: `memory-slice-<k>` (1 each), `multiprocessors`
 and `memory` (bytes). Each (profile, placement) is a device `gpu-<index>-mig-<profile>-<profile id>-<start>` that
 consumes its memory slices, its multiprocessors and its memory, so the scheduler itself never hands out two
-overlapping instances. A card in MIG mode is offered only as MIG devices (its whole-card device is left out:
+overlapping instances. Each device is multi-allocatable with consumable `cores` (100) and `memory` (the instance's
+bytes) under a requestPolicy like the whole-card devices' (gpumgr/dra/slices.py): a claim asking no capacity takes
+the defaults, i.e. the whole instance; a claim asking `capacity.requests` takes a share of it. kube-scheduler
+consumes a multi-allocated device's counters once, with its first allocation, so shares of one instance never
+count its memory slices twice. A card in MIG mode is offered only as MIG devices (its whole-card device is left out:
 nothing can run on the parent of a MIG-enabled card); a card with MIG off keeps its whole/fractional device.
 Since Kubernetes 1.35 a slice holds counters or devices, never both: counters go in their own slices (at most 8
 sets each), devices in slices of at most 128.
@@ -17,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpumgr.devices.types import Inventory
+from gpumgr.dra.slices import CORES, memory_ceiling
 from gpumgr.mig.types import MigCard, MigProfile
 from gpumgr.requests.claim_results import mig_device
 from gpumgr.requests.quantity import format_bytes
@@ -24,6 +29,7 @@ from gpumgr.requests.quantity import format_bytes
 MIB = 2**20
 MAX_DEVICES = 128
 MAX_COUNTER_SETS = 8
+DEFAULT_UNIT_MIB = 256  # DraConfig.memory_unit_mib's default
 
 
 def counter_set_name(index: int) -> str:
@@ -47,7 +53,20 @@ def counter_set(card: MigCard) -> dict[str, Any]:
     return {"name": counter_set_name(card.index), "counters": counters}
 
 
-def devices(card: MigCard, inv: Inventory, unhealthy: str | None = None) -> list[dict[str, Any]]:
+def capacity(memory_mib: int, unit_mib: int) -> dict[str, Any]:
+    """`memory` (the instance's bytes; requests in steps of `unit_mib`, by default all of it rounded down to a step)
+    and `cores` (100; by default all): what one share of the instance consumes."""
+    unit = min(unit_mib, memory_mib)
+    top = format_bytes(memory_ceiling(memory_mib, unit))
+    step = format_bytes(unit * MIB)
+    return {"memory": {"value": format_bytes(memory_mib * MIB), "requestPolicy": {
+                "default": top, "validRange": {"min": step, "max": top, "step": step}}},
+            "cores": {"value": str(CORES), "requestPolicy": {
+                "default": str(CORES), "validRange": {"min": "1", "max": str(CORES), "step": "1"}}}}
+
+
+def devices(card: MigCard, inv: Inventory, unhealthy: str | None = None,
+            unit_mib: int = DEFAULT_UNIT_MIB) -> list[dict[str, Any]]:
     parent = inv.gpus[card.index]
     out = []
     for p in card.profiles:
@@ -67,9 +86,10 @@ def devices(card: MigCard, inv: Inventory, unhealthy: str | None = None) -> list
                     "minor": {"int": parent.minor},
                     "model": {"string": parent.name or "unknown"},
                     "memorySliceStart": {"int": start},
+                    "multiprocessors": {"int": p.multiprocessors},
                 },
-                "capacity": {"memory": {"value": format_bytes(p.memory_mib * MIB)},
-                             "multiprocessors": {"value": str(p.multiprocessors)}},
+                "capacity": capacity(p.memory_mib, unit_mib),
+                "allowMultipleAllocations": True,
                 "consumesCounters": [{"counterSet": counter_set_name(card.index), "counters": consumed}],
             }
             if unhealthy is not None:
@@ -80,13 +100,14 @@ def devices(card: MigCard, inv: Inventory, unhealthy: str | None = None) -> list
 
 
 def build_slices(base_spec: Mapping[str, Any], cards: Iterable[MigCard], inv: Inventory,
-                 unhealthy: Mapping[int, str] | None = None) -> list[dict[str, Any]]:
+                 unhealthy: Mapping[int, str] | None = None,
+                 unit_mib: int = DEFAULT_UNIT_MIB) -> list[dict[str, Any]]:
     """The pool as ResourceSlice specs: `base_spec` (slices.build_spec's one slice) without the whole-card devices
     of cards in MIG mode, their MIG devices added; counter slices first. Every spec names the pool's slice count."""
     mig = [c for c in cards if c.enabled]
     mig_names = {f"gpu-{c.index}" for c in mig}
     base_devices = [d for d in base_spec.get("devices", []) if d.get("name") not in mig_names]
-    all_devices = base_devices + [d for c in mig for d in devices(c, inv, (unhealthy or {}).get(c.index))]
+    all_devices = base_devices + [d for c in mig for d in devices(c, inv, (unhealthy or {}).get(c.index), unit_mib)]
     sets = [counter_set(c) for c in mig]
     specs: list[dict[str, Any]] = []
     for i in range(0, len(sets), MAX_COUNTER_SETS):

@@ -128,9 +128,11 @@ class ClaimPreparer:
         if not pod_uid:
             raise ClaimError(f"claim {namespace}/{name} is not reserved for any pod (status.reservedFor is empty)")
 
+        pods = len(reserved_pods(f"claim {namespace}/{name}", claim))
+
         async def run() -> list[PreparedDevice]:
             async with self._lock(uid):
-                names = await mig.prepare(namespace, name, uid, pod, pod_uid, results)
+                names = await mig.prepare(namespace, name, uid, pod, pod_uid, results, pods)
             return [PreparedDevice(requests=(r.request,), pool=self.cfg.node_name, device=r.device, cdi_ids=(n,))
                     for r, n in zip(results, names, strict=True)]
 
@@ -252,7 +254,7 @@ class ClaimPreparer:
                                                                                                  uid)):
             async with self._lock(uid):
                 freed = await self.mig.unprepare(uid)
-            log.info("claim UID %s unprepared: %d MIG instances destroyed", uid, freed)
+            log.info("claim UID %s unprepared: %d MIG holdings released", uid, freed)
             return True
         async with self._lock(uid):
             had_spec = await self.state.run_io(self.cdi.remove, uid)

@@ -62,7 +62,8 @@ class SlicePublisher:
             st for st in p.starts if not any(t.card == c.index and st < t.start + t.size and t.start < st
                                              + p.memory_slices for t in taken))) for p in c.profiles))
                  for c in mig]
-        return build_slices(base, cards, self.state.inventory, unhealthy_map(self.state.health_reasons))
+        return build_slices(base, cards, self.state.inventory, unhealthy_map(self.state.health_reasons),
+                            self.cfg.memory_unit_mib)
 
     def slice_names(self, count: int) -> list[str]:
         return [self.slice_name] + [f"{self.slice_name[:240]}-{k}" for k in range(1, count)]

@@ -80,9 +80,16 @@ async def recover(preparer: ClaimPreparer, list_claims: ListClaims) -> RecoveryR
             await preparer.unprepare(uid)
             report.freed.append(uid)
             log.info("DRA recovery: claim UID %s is no longer allocated here: freed, spec removed", uid)
-    if claims is None:  # MIG claims need no server: their CDI specs and instances stay as they are
-        await _restart_servers(preparer, {u for u in held if not any(
-            preparer.state.ledger.allocations[k].mig for k in claim_keys(preparer.state.ledger, u))})
+    if claims is None:  # MIG claims: their instances and CDI specs stay as they are; shares get their servers back
+        mig_uids = {u for u in held if any(preparer.state.ledger.allocations[k].mig
+                                           for k in claim_keys(preparer.state.ledger, u))}
+        await _restart_servers(preparer, held - mig_uids)
+        for uid in sorted(mig_uids):
+            if preparer.mig is not None:
+                try:
+                    await preparer.mig.restart_servers(uid)
+                except ClaimError as e:
+                    log.error("DRA recovery: %s", e)
     return report
 
 

@@ -15,7 +15,8 @@ What it does as the real allocator does:
   running total of every allocated claim's `consumedCapacity` on that device leaves room;
   `allowMultipleAllocations: false` devices go to one claim only;
 - partitionable devices: a device's `consumesCounters` must fit in what is left of its pool's `sharedCounters`
-  (published in their own slices or beside the devices), counting every allocated claim's devices;
+  (published in their own slices or beside the devices), counting every allocated device once: the shares of a
+  multi-allocatable device consume its counters once, with the first (a further share checks no counters);
 - constraints: `matchAttribute` (every chosen device has the same value) and `distinctAttribute`;
 - `allocationMode: All` takes every matching device; `ExactCount` `count` devices (default 1);
 - the result: `status.allocation.devices.results[]` with `shareID` (a random DNS label) and `consumedCapacity`
@@ -454,6 +455,7 @@ class Counters:
     capacity: dict[tuple[str, str, str], int]
     devices: dict[tuple[str, str], Candidate]
     used: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    allocations: dict[tuple[str, str], int] = field(default_factory=dict)  # device -> results naming it
 
     def add_allocated(self, claims: Iterable[Mapping[str, Any]]) -> None:
         for claim in claims:
@@ -462,12 +464,21 @@ class Counters:
                 self.take((str(r.get("pool")), str(r.get("device"))), 1)
 
     def take(self, key: tuple[str, str], sign: int) -> None:
+        """One more (sign 1) or one less (-1) allocation of the device; its counters are consumed by the first and
+        given back with the last (a multi-allocatable device's shares consume them once, as kube-scheduler does)."""
+        before = self.allocations.get(key, 0)
+        after = before + sign
+        self.allocations[key] = after
+        if (before == 0) == (after == 0):
+            return
         c = self.devices.get(key)
         for (cset, name), amount in (c.consumes.items() if c is not None else ()):
             k = (c.pool, cset, name)  # type: ignore[union-attr]
             self.used[k] = self.used.get(k, 0) + sign * amount
 
     def fits(self, c: Candidate) -> bool:
+        if c.shared and self.allocations.get(c.key, 0) > 0:
+            return True  # already allocated (and its counters consumed): a further share consumes none
         return all(self.used.get((c.pool, cset, name), 0) + amount <= self.capacity.get((c.pool, cset, name), -1)
                    for (cset, name), amount in c.consumes.items())
 

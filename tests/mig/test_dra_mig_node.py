@@ -20,6 +20,7 @@ from gpumgr.dra.config import DRIVER_NAME
 from gpumgr.dra.frontend import DraFrontEnd
 from gpumgr.dra.kubeaccess import DraKube
 from gpumgr.dra.mig_prepare import MigClaims
+from gpumgr.dra.mig_shares import ShareSupport
 from gpumgr.dra.mig_slices import parse_device_name
 from gpumgr.mig import node as mig_node
 from gpumgr.node.checkpoint import CheckpointStore
@@ -57,15 +58,19 @@ class MigDraNode(DraNode):
         manager, _ = await mig_node.start(state, backend)
         self.vdevices = VDeviceManager(self.layout)
         self.fe = DraFrontEnd(self.cfg, state, self.layout, self.vdevices, DraKube(self.api_client))
-        self.fe.preparer.mig = MigClaims(state, manager, self.cfg.cdi_dir, self.root / "mig-minors", NODE)
+        self.fe.preparer.mig = MigClaims(state, manager, self.cfg.cdi_dir, self.root / "mig-minors", NODE,
+                                         ShareSupport(self.cfg, self.layout, self.vdevices))
         self.fe.publisher.mig_cards = manager.cards()
         await self.fe.start()
         return self.fe
 
 
-def profile_request(name: str, profile: str) -> dict[str, Any]:
-    return {"name": name, "exactly": {"deviceClassName": MIG_CLASS, "selectors": [
-        {"cel": {"expression": f'device.attributes["{DRIVER_NAME}"].profile == "{profile}"'}}]}}
+def profile_request(name: str, profile: str, capacity: dict[str, str] | None = None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": MIG_CLASS, "selectors": [
+        {"cel": {"expression": f'device.attributes["{DRIVER_NAME}"].profile == "{profile}"'}}]}
+    if capacity is not None:
+        exactly["capacity"] = {"requests": capacity}
+    return {"name": name, "exactly": exactly}
 
 
 @pytest.fixture

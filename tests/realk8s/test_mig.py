@@ -164,3 +164,61 @@ def _delete_claims(env: Env) -> None:
 
 def _slots(node: Node) -> list[Any]:
     return list(CheckpointStore(node.dir / "agent" / "checkpoint").load().snapshot.ledger.slots.values())
+
+
+def test_dra_shares_of_one_mig_instance_get_their_memory_limits(realk8s: Env, mig_node: Node) -> None:
+    """Two claims each asking a share (4 GiB, 50 cores) of a 3g.40gb device: kube-scheduler allocates both to the
+    same multi-allocatable MIG device (its counters consumed once), each with a shareID and its consumedCapacity;
+    the agent makes one instance; each container's CDI device carries the MIG UUID and the shim, and its limits
+    file caps it at 4 GiB on that instance; deleting both destroys the instance."""
+    from kubernetes import client as k
+
+    core = realk8s.core()
+    custom = k.CustomObjectsApi(realk8s.cluster.client())
+    proc = realk8s.gpumgr.agents[MIG_NODE]
+    wait_for("the MIG node's partitionable devices", lambda: _mig_devices(custom), 180, interval_s=0.5,
+             procs=(proc,))
+    share = {"memory": "4Gi", "cores": "50"}
+    for name in ("share-a", "share-b"):
+        claim = _claim(name, "3g.40gb")
+        claim["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": share}
+        custom.create_namespaced_custom_object("resource.k8s.io", "v1", w.NAMESPACE, "resourceclaims", claim)
+        w.create(core, _claim_pod(f"dra-{name}", name))
+    pods = {name: w.wait_running(core, f"dra-{name}", timeout_s=180) for name in ("share-a", "share-b")}
+    results = {}
+    for name in pods:
+        claim = custom.get_namespaced_custom_object("resource.k8s.io", "v1", w.NAMESPACE, "resourceclaims", name)
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert result["pool"] == MIG_NODE and result.get("shareID"), result
+        assert result["consumedCapacity"] == share, result
+        results[name] = (result, claim["metadata"]["uid"])
+    (ra, _), (rb, _) = results.values()
+    assert ra["device"] == rb["device"] and ra["shareID"] != rb["shareID"], (ra, rb)
+    where = mig_device(ra["device"])
+    assert where is not None and where[1] == 9, ra  # 3g.40gb
+    card, _, start = where
+    made = [s for s in _slots(mig_node) if s.origin == "claim"]
+    assert [(s.card, s.start) for s in made] == [(card, start)], made  # one instance for both shares
+    mig_uuid = made[0].uuid
+    agent_dir = mig_node.dir / "agent"
+    for name, pod in pods.items():
+        _, uid = results[name]
+        record = w.record_for(mig_node, pod, "cuda")
+        [cdi_name] = record["cdiDevices"]
+        spec = json.loads((agent_dir / "cdi" / f"gpumgr.io-vgpu_{uid}.json").read_text())
+        [device] = [d for d in spec["devices"] if f"gpumgr.io/vgpu={d['name']}" == cdi_name]
+        nodes = [n["hostPath"] for n in device["containerEdits"]["deviceNodes"]]
+        assert nodes[0] == f"/dev/nvidia{card}" and len([n for n in nodes if "nvidia-caps" in n]) == 2, nodes
+        env = dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
+        assert env["NVIDIA_VISIBLE_DEVICES"] == mig_uuid and env["LD_PRELOAD"].endswith("libvcuda.so"), env
+        [vdevice] = [m["hostPath"] for m in spec["containerEdits"]["mounts"] if m["containerPath"] == "/etc/vcuda"]
+        lines = [x for x in (Path(vdevice) / "limits").read_text().splitlines() if "=" in x and not x.startswith("#")]
+        limits = dict(x.split("=", 1) for x in lines)
+        assert limits["pod_uid"] == pod.metadata.uid and limits["core_limit"] == "50", limits
+        assert (limits["device0_uuid"], limits["device0_index"], limits["device0_memory_limit"]) == (
+            mig_uuid, str(card), str(4 << 30)), limits
+
+    w.delete_all(core)
+    _delete_claims(realk8s)
+    wait_for("the shared instance destroyed", lambda: not [s for s in _slots(mig_node) if s.origin == "claim"],
+             120, procs=(proc,))
