@@ -122,6 +122,7 @@ class Agent:
             annotator=self.kube, events=metrics,
         )
         self.service.cordon = self.cordon
+        service = self.service
         self.health = HealthMonitor(
             self.backend, state,
             HealthConfig(ignored_xids=frozenset(cfg.health_ignore_xids), temp_unhealthy_c=cfg.temp_unhealthy_c,
@@ -141,14 +142,14 @@ class Agent:
                            PluginServicer(self.service, "c", podspec.RESOURCE_CORE, ready=handing_out)),
                 PluginSpec(podspec.RESOURCE_MEMORY, "vmemory.sock",
                            PluginServicer(self.service, "m", podspec.RESOURCE_MEMORY, ready=handing_out)),
-                *(self.mig.plugins if self.mig is not None else []),
+                *(self.mig.build_plugins(state, service) if self.mig is not None else []),
             ], on_register=self._on_register)
             await self.supervisor.start()
         self._handing_out = handing_out
         # the cordon read is bounded: a hung API server must not hold the calls that wait for `handing_out`
         _, synced = await asyncio.gather(self._first_cordon(), self.pods.wait_synced(POD_SYNC_TIMEOUT_S))
         if synced:
-            await reconcile(self.service, self.pods.synced, cfg.grace_s, "start")
+            await self._reconcile("start")
             handing_out.set()
         else:
             # Without the node's pods the start-up reconcile cannot restore what the kubelet holds but our
@@ -177,7 +178,7 @@ class Agent:
         assert self.service is not None and self.pods is not None
         while not await self.pods.wait_synced(POD_SYNC_TIMEOUT_S):
             log.error("pods on node %s still not listed; GPU allocations stay refused", self.config.node_name)
-        await reconcile(self.service, self.pods.synced, self.config.grace_s, "start")
+        await self._reconcile("start")
         handing_out.set()
         log.info("pods on node %s listed and the start-up reconcile done: GPU allocations are served",
                  self.config.node_name)
@@ -197,10 +198,19 @@ class Agent:
                 await asyncio.sleep(0.1)  # let a burst of pod changes settle
             self._poke.clear()
             try:
-                await reconcile(self.service, self.pods.synced, self.config.grace_s,
-                                "periodic" if periodic else "pods changed", full=periodic)
+                await self._reconcile("periodic" if periodic else "pods changed", full=periodic)
             except Exception:  # noqa: BLE001 - the loop must go on
                 log.exception("reconcile failed")
+
+    async def _reconcile(self, why: str, full: bool = True) -> None:
+        """The vcuda allocations, then the device plugins' MIG holdings (gpumgr/mig/holdings.py)."""
+        assert self.service is not None and self.pods is not None
+        await reconcile(self.service, self.pods.synced, self.config.grace_s, why, full=full)
+        if self.mig is not None and self.mode != "dra":
+            from gpumgr.mig.holdings import reconcile_holdings
+
+            await reconcile_holdings(self.service, self.mig.served(self.service.state), self.config.grace_s, why,
+                                     full=full)
 
     async def publish_inventory(self) -> bool:
         """The node annotation the extender reads: cards, links and which cards are unhealthy."""
@@ -234,7 +244,8 @@ class Agent:
             if self.mig is not None:  # GPU Feature Discovery's MIG labels (gpumgr/mig/labels.py)
                 from gpumgr.mig.labels import mig_labels, owned
 
-                wanted.update(mig_labels(self.mig.cards, self.state.ledger, self.mig.layout_refused))
+                wanted.update(mig_labels(self.mig.cards, self.state.ledger, self.mig.layout_refused,
+                                         self.mig.settings.shared))
                 also |= owned(current, wanted)
             patch = labels_patch(current, wanted, cfg.label_prefix, also)
             if patch:
@@ -280,8 +291,9 @@ class Agent:
                 return {}
 
         settings = mig_agent.MigSettings(layout=cfg.mig_layout, layouts_file=cfg.mig_layouts_file,
-                                         prefix=cfg.mig_prefix, mig_minors=cfg.mig_minors, cdi=cfg.cdi)
-        self.mig = await mig_agent.start(state, self.backend, settings, labels, with_plugins=self.mode != "dra")
+                                         prefix=cfg.mig_prefix, mig_minors=cfg.mig_minors, cdi=cfg.cdi,
+                                         shared=dict(cfg.mig_shared))
+        self.mig = await mig_agent.start(state, self.backend, settings, labels)
 
     def _on_register(self, resource: str, again: bool) -> None:
         if again and self.metrics is not None:

@@ -75,7 +75,8 @@ async def test_agent_serves_a_mig_layout_and_survives_kill_9():
                         "nvidia.com/mig.strategy": "mixed", "nvidia.com/mig.config.state": "success",
                         "nvidia.com/mig-1g.10gb.count": "14", "nvidia.com/mig-1g.10gb.memory": "9984",
                         "nvidia.com/mig-1g.10gb.multiprocessors": "16", "nvidia.com/mig-1g.10gb.slices.gi": "1",
-                        "nvidia.com/mig-1g.10gb.slices.ci": "1"}  # GPU Feature Discovery's names
+                        "nvidia.com/mig-1g.10gb.slices.ci": "1", "nvidia.com/mig-1g.10gb.replicas": "1",
+                        "nvidia.com/mig-1g.10gb.sharing-strategy": "none"}  # GPU Feature Discovery's names
         # both cards are in MIG mode: their vcuda units are not offered (a pod would be refused on them)
         await kubelet.wait_for(lambda: len(kubelet.devices("tencent.com/vcuda-core")) == 200, 30)
         assert set(kubelet.devices("tencent.com/vcuda-core").values()) == {"Unhealthy"}
