@@ -123,3 +123,28 @@ def test_the_mig_device_class_is_opt_in_and_selects_mig_devices_only() -> None:
 def test_the_mig_device_class_validates(version: str) -> None:
     dc = mig_class({"agent": {"mode": "both"}, "dra": {"deviceClasses": {"mig": "mig.gpumgr.io"}}})
     kubernetes_validate.validate(dc, version, strict=True)
+
+
+def test_the_node_restriction_lets_the_agent_write_the_mig_labels_but_not_the_operators_layout() -> None:
+    """The agent writes GPU Feature Discovery's MIG labels (gpumgr/mig/labels.py); the API server's policy must
+    let it (the real cluster refused them before), and still refuse the operator's nvidia.com/mig.config."""
+    from gpumgr.mig.labels import mig_labels
+
+    from .test_chart_node_restriction import a_node, changed, policy, update
+
+    pol = policy()
+    node = a_node("gpu-node-1")  # the node the agent's token is bound to
+    mine = mig_labels([], _ledger(), refused=False)
+    patched = node
+    for k, v in {**mine, "nvidia.com/mig-1g.10gb.count": "7", "nvidia.com/mig-1g.10gb.replicas": "4"}.items():
+        patched = changed(patched, ("metadata", "labels", k), v)
+    assert update(pol, "nodes", node, patched).allowed
+    denied = update(pol, "nodes", node, changed(node, ("metadata", "labels", "nvidia.com/mig.config"), "all-1g.10gb"))
+    assert denied.denied and "but nvidia.com/mig.config" in denied.denied[0]
+    assert not update(pol, "nodes", node, changed(node, ("metadata", "labels", "nvidia.com/gpu.product"), "x")).allowed
+
+
+def _ledger() -> Any:
+    from gpumgr.allocator import Ledger
+
+    return Ledger([81920])
