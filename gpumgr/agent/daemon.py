@@ -73,6 +73,7 @@ class Agent:
         self.cordon: CordonWatch | None = None
         self._handing_out: asyncio.Event | None = None  # set once the ledger may be handed out (device plugins)
         self.mig: MigRuntime | None = None  # MIG-capable cards: the manager, layout report, per-profile plugins
+        self._mig_supervisors: list[PluginSupervisor] = []  # plugins of profiles a live layout change brought in
 
     @property
     def ready(self) -> bool:
@@ -165,6 +166,11 @@ class Agent:
         await self.publish_labels()
         for background in (self._reconcile_loop(), self._publish_loop(), self._cordon_loop()):
             self._tasks.append(asyncio.create_task(background))
+        if self.mig is not None:  # the node's MIG layout label, applied while serving
+            from gpumgr.mig.live import LiveLayout
+
+            self._tasks.append(asyncio.create_task(
+                LiveLayout(self.mig, state, self._node_labels, self._mig_layout_changed).run()))
         self.started = True
 
     async def _first_cordon(self) -> None:
@@ -283,17 +289,34 @@ class Agent:
         cfg = self.config
 
         async def labels() -> dict[str, str]:  # read only when a card is MIG-capable
-            try:
-                node = await asyncio.wait_for(self.kube.get_node(cfg.node_name), mig_agent.LABEL_READ_S)
-                return dict(((node or {}).get("metadata") or {}).get("labels") or {})
-            except Exception as e:  # noqa: BLE001 - the configured layout is used instead
-                log.warning("reading node %s for its MIG layout label failed: %s", cfg.node_name, e)
-                return {}
+            return dict(await self._node_labels() or {})  # (unreadable: the configured layout is used instead)
 
         settings = mig_agent.MigSettings(layout=cfg.mig_layout, layouts_file=cfg.mig_layouts_file,
                                          prefix=cfg.mig_prefix, mig_minors=cfg.mig_minors, cdi=cfg.cdi,
                                          shared=dict(cfg.mig_shared))
         self.mig = await mig_agent.start(state, self.backend, settings, labels)
+
+    async def _node_labels(self) -> dict[str, str] | None:
+        """The node's labels (for its MIG layout label), or None when the node cannot be read."""
+        from gpumgr.mig.agent import LABEL_READ_S
+
+        try:
+            node = await asyncio.wait_for(self.kube.get_node(self.config.node_name), LABEL_READ_S)
+            return dict(((node or {}).get("metadata") or {}).get("labels") or {})
+        except Exception as e:  # noqa: BLE001 - read again at the next poll
+            log.warning("reading node %s for its MIG layout label failed: %s", self.config.node_name, e)
+            return None
+
+    async def _mig_layout_changed(self, report: Any) -> None:
+        """A live layout change was applied (gpumgr/mig/live.py): plugins of new profiles, labels."""
+        assert self.state is not None and self.mig is not None
+        if self.mode != "dra" and self.service is not None:
+            new = self.mig.build_plugins(self.state, self.service)
+            if new:
+                sup = PluginSupervisor(self.config.device_plugin_dir, new, on_register=self._on_register)
+                await sup.start()
+                self._mig_supervisors.append(sup)
+        await self.publish_labels()
 
     def _on_register(self, resource: str, again: bool) -> None:
         if again and self.metrics is not None:
@@ -336,6 +359,8 @@ class Agent:
                 await t
         if self.supervisor:
             await self.supervisor.stop()
+        for sup in self._mig_supervisors:
+            await sup.stop()
         if self.dra is not None:
             await self.dra.stop()
         if self.service:

@@ -52,6 +52,7 @@ class MigRuntime:
     cards: tuple[MigCard, ...] = ()  # after the layout: modes, profiles, instances
     layout_refused: bool | None = None  # None: no layout asked
     settings: MigSettings = field(default_factory=MigSettings)
+    layout_name: str | None = None  # the layout last applied (or asked and refused)
 
     def served(self, state: NodeState) -> dict[str, str]:
         """{resource: profile} of the device plugins the layout's instances need (shared profiles as `.shared`)."""
@@ -62,20 +63,27 @@ class MigRuntime:
         return out
 
     def build_plugins(self, state: NodeState, service: ServiceBase) -> list[PluginSpec]:
-        """One device plugin per profile with instances; a shared profile's serves its replicas (mig_shared.py)."""
+        """The device plugins of the profiles with instances not served yet (all of them at start; those a live
+        layout change brings in later); a shared profile's serves its replicas (mig_shared.py). A plugin whose
+        instances are all gone stays, listing no device: the kubelet then counts 0 of its resource."""
         cfg = plugin.MigPluginConfig(mig_minors=self.settings.mig_minors, cdi=self.settings.cdi)
-        self.plugins = []
+        have = {p.resource for p in self.plugins}
+        new: list[PluginSpec] = []
         for resource, p in self.served(state).items():
+            if resource in have:
+                continue
             replicas = self.settings.shared.get(p)
             if replicas:
                 servicer: plugin.MigPluginServicer = shared.MigSharedServicer(service, p, resource, replicas,
                                                                               self.health, cfg)
-                self.plugins.append(PluginSpec(resource, shared.shared_socket(p), servicer))
+                new.append(PluginSpec(resource, shared.shared_socket(p), servicer))
             else:
-                self.plugins.append(PluginSpec(resource, plugin.socket_name(p),
-                                               plugin.MigPluginServicer(state, p, resource, self.health, cfg)))
-        log.info("MIG: device plugins for %s", ", ".join(self.served(state)) or "no profile")
-        return self.plugins
+                new.append(PluginSpec(resource, plugin.socket_name(p),
+                                      plugin.MigPluginServicer(state, p, resource, self.health, cfg)))
+        self.plugins += new
+        if new:
+            log.info("MIG: device plugins for %s", ", ".join(p.resource for p in new))
+        return new
 
     def on_instance_event(self, state: NodeState, event: HealthEvent) -> bool:
         """True when the event named one of the ledger's instances (marked; the card is left alone)."""
@@ -152,6 +160,6 @@ async def start(state: NodeState, backend: Any, settings: MigSettings,
     runtime = MigRuntime(manager=manager, health=plugin.MigHealth(), report=report,
                          cards=await asyncio.to_thread(manager.cards),
                          layout_refused=None if not name else layout is None or bool(report.refused),
-                         settings=settings)
+                         settings=settings, layout_name=name)
     log.info("MIG: %d capable cards, %d instances", len(cards), len(state.ledger.slots))
     return runtime
