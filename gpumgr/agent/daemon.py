@@ -316,6 +316,8 @@ class Agent:
                 sup = PluginSupervisor(self.config.device_plugin_dir, new, on_register=self._on_register)
                 await sup.start()
                 self._mig_supervisors.append(sup)
+        if self.dra is not None:  # the DRA pool follows the cards' MIG modes (and the ledger's slots by itself)
+            self.dra.publisher.mig_cards = self.mig.cards
         await self.publish_labels()
 
     def _on_register(self, resource: str, again: bool) -> None:

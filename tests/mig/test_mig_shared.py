@@ -134,3 +134,28 @@ async def test_a_share_inside_an_instance_gets_its_memory_limit(short_dir: Path)
         assert [a.pod for a in state.ledger.allocations.values()] == ["two"]
     finally:
         await node.stop()
+
+
+async def test_a_container_with_a_share_and_vcuda_units_gets_both(short_dir: Path):
+    """The share the container already holds inside a MIG instance does not hide it from the vcuda Allocate that
+    follows (the agent looks for pending containers asking vcuda-core; a MIG holding is another resource of theirs)."""
+    node = make_node(short_dir)
+    await node.start()
+    try:
+        kubelet = node.kubelet
+        await kubelet.wait_for(lambda: len(kubelet.devices(SHARED)) == 8, 30)
+        limits = {SHARED: "1", "tencent.com/vcuda-core": "50", "tencent.com/vcuda-memory": "4"}
+        both = node.api.store.create_pod({
+            "metadata": {"name": "both", "namespace": "default", "uid": str(uuid.uuid4())},
+            "spec": {"nodeName": node.node_name, "containers": [
+                {"name": "main", "image": "x", "resources": {"limits": limits, "requests": dict(limits)}}]},
+            "status": {"phase": "Pending"}})
+        admitted = await kubelet.admit_pod(both["metadata"]["uid"], [ContainerRequest("main", {
+            SHARED: 1, "tencent.com/vcuda-core": 50, "tencent.com/vcuda-memory": 4})])
+        got = admitted.container("main")
+        assert len(got.device_ids[SHARED]) == 1 and len(got.device_ids["tencent.com/vcuda-core"]) == 50
+        assert node.agent is not None and node.agent.state is not None
+        held = sorted((a.mig is not None, a.cores) for a in node.agent.state.ledger.allocations.values())
+        assert held == [(False, 50), (True, 25)]
+    finally:
+        await node.stop()
