@@ -106,8 +106,12 @@ async def test_agent_serves_a_mig_layout_and_survives_kill_9():
                     if s.uuid == mig_uuid)
         url = re.search(rb"metrics on (http://\S+)/metric", (workdir / "agent.log").read_bytes())
         assert url is not None
-        text = await asyncio.to_thread(lambda: urllib.request.urlopen(url.group(1).decode() + "/metric", timeout=30)
-                                       .read().decode())
+        def metric() -> str:
+            return urllib.request.urlopen(url.group(1).decode() + "/metric", timeout=30).read().decode()
+
+        # the holding is named after its pod, from the kubelet checkpoint (gpumgr/mig/holdings.py)
+        await kubelet.wait_for(lambda: 'holder="pod default/mig"' in metric(), 30)
+        text = await asyncio.to_thread(metric)
         assert 'gpumgr_mig_instances{gpu="gpu0",profile="1g.10gb",uuid="GPU-00000000-e2e"} 7.0' in text
         held = [line for line in text.splitlines() if line.startswith("gpumgr_mig_instance{")
                 and f'mig_uuid="{mig_uuid}"' in line]
