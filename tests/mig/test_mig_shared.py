@@ -159,3 +159,24 @@ async def test_a_container_with_a_share_and_vcuda_units_gets_both(short_dir: Pat
         assert held == [(False, 50), (True, 25)]
     finally:
         await node.stop()
+
+
+async def test_a_static_pods_share_is_named_after_its_mirror_pod(short_dir: Path):
+    """The kubelet knows a static pod by its own UID, which its mirror pod in the API carries as
+    kubernetes.io/config.mirror: PreStartContainer still finds the pod and writes its limits."""
+    node = make_node(short_dir)
+    await node.start()
+    try:
+        kubelet = node.kubelet
+        await kubelet.wait_for(lambda: len(kubelet.devices(SHARED)) == 8, 30)
+        kubelet_uid = "0123456789abcdef0123456789abcdef"  # the static pod's UID in the kubelet (a config hash)
+        mirror = pod(node, "static-node-1", 1)
+        mirror = node.api.store.merge_patch_pod("default", "static-node-1", {"metadata": {"annotations": {
+            "kubernetes.io/config.mirror": kubelet_uid}}})
+        admitted = await kubelet.admit_pod(kubelet_uid, [ContainerRequest("main", {SHARED: 1})])
+        resp = admitted.container("main").responses[SHARED]
+        vdir = Path(next(m.host_path for m in resp.mounts if m.container_path == "/etc/vcuda"))
+        limits = Limits.parse((vdir / "limits").read_text())
+        assert limits.pod_uid == mirror["metadata"]["uid"] and limits.container_name == "main"
+    finally:
+        await node.stop()
