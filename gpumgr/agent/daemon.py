@@ -41,6 +41,7 @@ from gpumgr.vdevice.server import VDeviceManager
 if TYPE_CHECKING:
     from gpumgr.dra.frontend import DraFrontEnd
     from gpumgr.mig.agent import MigRuntime
+    from gpumgr.mig.live import LiveLayout
 
 log = logging.getLogger("gpumgr.agent")
 
@@ -74,6 +75,8 @@ class Agent:
         self._handing_out: asyncio.Event | None = None  # set once the ledger may be handed out (device plugins)
         self.mig: MigRuntime | None = None  # MIG-capable cards: the manager, layout report, per-profile plugins
         self._mig_supervisors: list[PluginSupervisor] = []  # plugins of profiles a live layout change brought in
+        self._mig_live: LiveLayout | None = None  # the MIG layout label, applied while serving
+        self._node_labels_seen: dict[str, str] | None = None  # the node's labels at the last cordon read
 
     @property
     def ready(self) -> bool:
@@ -166,11 +169,10 @@ class Agent:
         await self.publish_labels()
         for background in (self._reconcile_loop(), self._publish_loop(), self._cordon_loop()):
             self._tasks.append(asyncio.create_task(background))
-        if self.mig is not None:  # the node's MIG layout label, applied while serving
+        if self.mig is not None:  # the node's MIG layout label, applied while serving (read with the cordon)
             from gpumgr.mig.live import LiveLayout
 
-            self._tasks.append(asyncio.create_task(
-                LiveLayout(self.mig, state, self._node_labels, self._mig_layout_changed).run()))
+            self._mig_live = LiveLayout(self.mig, state, self._seen_node_labels, self._mig_layout_changed)
         self.started = True
 
     async def _first_cordon(self) -> None:
@@ -269,6 +271,8 @@ class Agent:
         except Exception as e:  # noqa: BLE001 - retried at the next refresh
             log.warning("reading node %s for its GPU cordon failed: %s", self.config.node_name, e)
             return
+        if node is not None:
+            self._node_labels_seen = dict(((node.get("metadata") or {}).get("labels")) or {})
         if node is not None and self.cordon.update(node):
             c = self.cordon.current
             if c.error:
@@ -278,9 +282,20 @@ class Agent:
                 log.info("node %s: cordoned cards now %s", self.config.node_name, sorted(c.cards) or "none")
 
     async def _cordon_loop(self) -> None:
+        """The node read every CORDON_REFRESH_S: its GPU cordon, and its MIG layout label (gpumgr/mig/live.py: no
+        read of its own, so a MIG node costs the API server no more requests)."""
         while True:
             await asyncio.sleep(CORDON_REFRESH_S)
+            self._node_labels_seen = None
             await self.refresh_cordon()
+            if self._mig_live is not None:
+                try:
+                    await self._mig_live.check()
+                except Exception:  # noqa: BLE001 - the loop must go on
+                    log.exception("MIG: applying a changed layout failed; tried again at the next read")
+
+    async def _seen_node_labels(self) -> dict[str, str] | None:
+        return self._node_labels_seen
 
     async def _start_mig(self, state: NodeState) -> None:
         """MIG before any front end serves: reconcile with NVML, apply the layout, the per-profile plugins."""
@@ -297,13 +312,13 @@ class Agent:
         self.mig = await mig_agent.start(state, self.backend, settings, labels)
 
     async def _node_labels(self) -> dict[str, str] | None:
-        """The node's labels (for its MIG layout label), or None when the node cannot be read."""
+        """The node's labels (for its MIG layout label at start), or None when the node cannot be read."""
         from gpumgr.mig.agent import LABEL_READ_S
 
         try:
             node = await asyncio.wait_for(self.kube.get_node(self.config.node_name), LABEL_READ_S)
             return dict(((node or {}).get("metadata") or {}).get("labels") or {})
-        except Exception as e:  # noqa: BLE001 - read again at the next poll
+        except Exception as e:  # noqa: BLE001 - the configured layout is used instead
             log.warning("reading node %s for its MIG layout label failed: %s", self.config.node_name, e)
             return None
 

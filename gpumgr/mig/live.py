@@ -1,10 +1,11 @@
 """Live layout changes: while serving, the agent reads its Node's `nvidia.com/mig.config` label (else
-`--mig-layout`) every POLL_S and applies a changed layout to the cards nothing holds, through the same crash-safe
-steps as at start (gpumgr/mig/apply.py). Cards something holds are refused with the reason (the log, and
-`nvidia.com/mig.config.state=failed`); a layout with refusals is tried again at every poll, so a card is changed
-once its holders are gone (the state label then turns `success`). After a change `on_change` runs: the daemon starts
-the device plugins of new profiles (those of profiles that are gone stay, listing no device, so the kubelet counts
-0 of them) and publishes the labels; the inventory annotation follows the ledger's slots by itself."""
+`--mig-layout`) with the node read it makes anyway (the cordon's, every 15 s) and applies a changed layout to the
+cards nothing holds, through the same crash-safe steps as at start (gpumgr/mig/apply.py). Cards something holds are
+refused with the reason (the log, and `nvidia.com/mig.config.state=failed`); a layout with refusals is tried again
+at every read, so a card is changed once its holders are gone (the state label then turns `success`). After a
+change `on_change` runs: the daemon starts the device plugins of new profiles (those of profiles that are gone stay,
+listing no device, so the kubelet counts 0 of them) and publishes the labels; the inventory annotation follows the
+ledger's slots by itself."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from gpumgr.mig.apply import apply_layout
 from gpumgr.node.state import NodeState
 
 log = logging.getLogger("gpumgr.mig")
-POLL_S = 5.0
 
 
 @dataclass
@@ -32,14 +32,6 @@ class LiveLayout:
 
     def __post_init__(self) -> None:
         self.last_refused = tuple(self.runtime.report.refused)
-
-    async def run(self, poll_s: float = POLL_S) -> None:
-        while True:
-            await asyncio.sleep(poll_s)
-            try:
-                await self.check()
-            except Exception:  # noqa: BLE001 - the watch must go on
-                log.exception("MIG: applying a changed layout failed; tried again at the next poll")
 
     async def check(self) -> bool:
         """Apply the layout the node asks for when it changed (or was refused before); True when anything the
