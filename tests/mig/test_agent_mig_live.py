@@ -4,7 +4,7 @@ test server. A pod holds one 1g.10gb instance of card 0; the label changes to al
 card 1 is re-made as two 3g.40gb instances and a `nvidia.com/mig-3g.40gb` device plugin registers them, card 0 is
 refused with its reason (the pod holding it) and `nvidia.com/mig.config.state=failed`; once the pod is gone the
 agent applies the layout to card 0 as well, the 1g.10gb resource goes to 0 devices and its labels go, and the state
-turns `success`."""
+turns `success`. A label naming no known layout is refused and changes nothing."""
 
 from __future__ import annotations
 
@@ -66,13 +66,18 @@ async def test_a_changed_layout_label_is_applied_to_free_cards_while_serving():
         card_of_held = 0 if held in re.findall(r"MIG card 0: created 1g\.10gb at memory slice \d+ \(GI \d+, (\S+)\)",
                                                text) else 1
 
+        # a layout name the agent does not know: refused with the reason, nothing touched
+        api.store.merge_patch_node("mig-node", {"metadata": {"labels": {"nvidia.com/mig.config": "halves"}}})
+        await kubelet.wait_for(lambda: labels().get("nvidia.com/mig.config.state") == "failed", 60)
+        assert len(kubelet.devices(ONE)) == 14 and "unknown MIG layout 'halves'" in (workdir / "agent.log").read_text()
+
         api.store.merge_patch_node("mig-node", {"metadata": {"labels": {"nvidia.com/mig.config": "all-3g.40gb"}}})
         await kubelet.wait_registered(THREE, timeout=60)
         await kubelet.wait_for(lambda: len(kubelet.devices(THREE)) == 2, 60)  # the free card, re-made
         await kubelet.wait_for(lambda: len(kubelet.devices(ONE)) == 7, 60)  # the held card's instances stay
         assert held in kubelet.devices(ONE)
-        await kubelet.wait_for(lambda: labels().get("nvidia.com/mig.config.state") == "failed", 30)
-        assert labels()["nvidia.com/mig-3g.40gb.count"] == "2" and labels()["nvidia.com/mig-1g.10gb.count"] == "7"
+        await kubelet.wait_for(lambda: labels().get("nvidia.com/mig-3g.40gb.count") == "2", 30)
+        assert labels()["nvidia.com/mig.config.state"] == "failed" and labels()["nvidia.com/mig-1g.10gb.count"] == "7"
         assert labels()["nvidia.com/mig.config"] == "all-3g.40gb"  # the operator's label is never touched
         text = (workdir / "agent.log").read_text(errors="replace")
         assert re.search(rf"MIG refused: layout all-3g.40gb: card {card_of_held}: MIG instance mig-{card_of_held}-\d+ "
