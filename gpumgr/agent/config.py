@@ -33,6 +33,7 @@ class AgentConfig:
     mig_layout: str = ""  # a MIG layout name (gpumgr/mig/layout.py); the node label nvidia.com/mig.config wins
     mig_layouts_file: str = ""  # JSON of configured layouts
     mig_prefix: str = "nvidia.com/mig-"  # resource name prefix of the MIG device plugins
+    mig_shared: tuple[tuple[str, int], ...] = ()  # (profile, replicas): served as <prefix><profile>.shared
     mig_minors: Path = Path("/proc/driver/nvidia-caps/mig-minors")
     extra: dict[str, str] = field(default_factory=dict)
 

@@ -41,6 +41,7 @@ from gpumgr.vdevice.server import VDeviceManager
 if TYPE_CHECKING:
     from gpumgr.dra.frontend import DraFrontEnd
     from gpumgr.mig.agent import MigRuntime
+    from gpumgr.mig.live import LiveLayout
 
 log = logging.getLogger("gpumgr.agent")
 
@@ -73,6 +74,9 @@ class Agent:
         self.cordon: CordonWatch | None = None
         self._handing_out: asyncio.Event | None = None  # set once the ledger may be handed out (device plugins)
         self.mig: MigRuntime | None = None  # MIG-capable cards: the manager, layout report, per-profile plugins
+        self._mig_supervisors: list[PluginSupervisor] = []  # plugins of profiles a live layout change brought in
+        self._mig_live: LiveLayout | None = None  # the MIG layout label, applied while serving
+        self._node_labels_seen: dict[str, str] | None = None  # the node's labels at the last cordon read
 
     @property
     def ready(self) -> bool:
@@ -122,6 +126,7 @@ class Agent:
             annotator=self.kube, events=metrics,
         )
         self.service.cordon = self.cordon
+        service = self.service
         self.health = HealthMonitor(
             self.backend, state,
             HealthConfig(ignored_xids=frozenset(cfg.health_ignore_xids), temp_unhealthy_c=cfg.temp_unhealthy_c,
@@ -141,14 +146,14 @@ class Agent:
                            PluginServicer(self.service, "c", podspec.RESOURCE_CORE, ready=handing_out)),
                 PluginSpec(podspec.RESOURCE_MEMORY, "vmemory.sock",
                            PluginServicer(self.service, "m", podspec.RESOURCE_MEMORY, ready=handing_out)),
-                *(self.mig.plugins if self.mig is not None else []),
+                *(self.mig.build_plugins(state, service) if self.mig is not None else []),
             ], on_register=self._on_register)
             await self.supervisor.start()
         self._handing_out = handing_out
         # the cordon read is bounded: a hung API server must not hold the calls that wait for `handing_out`
         _, synced = await asyncio.gather(self._first_cordon(), self.pods.wait_synced(POD_SYNC_TIMEOUT_S))
         if synced:
-            await reconcile(self.service, self.pods.synced, cfg.grace_s, "start")
+            await self._reconcile("start")
             handing_out.set()
         else:
             # Without the node's pods the start-up reconcile cannot restore what the kubelet holds but our
@@ -164,6 +169,10 @@ class Agent:
         await self.publish_labels()
         for background in (self._reconcile_loop(), self._publish_loop(), self._cordon_loop()):
             self._tasks.append(asyncio.create_task(background))
+        if self.mig is not None:  # the node's MIG layout label, applied while serving (read with the cordon)
+            from gpumgr.mig.live import LiveLayout
+
+            self._mig_live = LiveLayout(self.mig, state, self._seen_node_labels, self._mig_layout_changed)
         self.started = True
 
     async def _first_cordon(self) -> None:
@@ -177,7 +186,7 @@ class Agent:
         assert self.service is not None and self.pods is not None
         while not await self.pods.wait_synced(POD_SYNC_TIMEOUT_S):
             log.error("pods on node %s still not listed; GPU allocations stay refused", self.config.node_name)
-        await reconcile(self.service, self.pods.synced, self.config.grace_s, "start")
+        await self._reconcile("start")
         handing_out.set()
         log.info("pods on node %s listed and the start-up reconcile done: GPU allocations are served",
                  self.config.node_name)
@@ -197,10 +206,19 @@ class Agent:
                 await asyncio.sleep(0.1)  # let a burst of pod changes settle
             self._poke.clear()
             try:
-                await reconcile(self.service, self.pods.synced, self.config.grace_s,
-                                "periodic" if periodic else "pods changed", full=periodic)
+                await self._reconcile("periodic" if periodic else "pods changed", full=periodic)
             except Exception:  # noqa: BLE001 - the loop must go on
                 log.exception("reconcile failed")
+
+    async def _reconcile(self, why: str, full: bool = True) -> None:
+        """The vcuda allocations, then the device plugins' MIG holdings (gpumgr/mig/holdings.py)."""
+        assert self.service is not None and self.pods is not None
+        await reconcile(self.service, self.pods.synced, self.config.grace_s, why, full=full)
+        if self.mig is not None and self.mode != "dra":
+            from gpumgr.mig.holdings import reconcile_holdings
+
+            await reconcile_holdings(self.service, self.mig.served(self.service.state), self.config.grace_s, why,
+                                     full=full)
 
     async def publish_inventory(self) -> bool:
         """The node annotation the extender reads: cards, links and which cards are unhealthy."""
@@ -234,7 +252,8 @@ class Agent:
             if self.mig is not None:  # GPU Feature Discovery's MIG labels (gpumgr/mig/labels.py)
                 from gpumgr.mig.labels import mig_labels, owned
 
-                wanted.update(mig_labels(self.mig.cards, self.state.ledger, self.mig.layout_refused))
+                wanted.update(mig_labels(self.mig.cards, self.state.ledger, self.mig.layout_refused,
+                                         self.mig.settings.shared))
                 also |= owned(current, wanted)
             patch = labels_patch(current, wanted, cfg.label_prefix, also)
             if patch:
@@ -252,6 +271,8 @@ class Agent:
         except Exception as e:  # noqa: BLE001 - retried at the next refresh
             log.warning("reading node %s for its GPU cordon failed: %s", self.config.node_name, e)
             return
+        if node is not None:
+            self._node_labels_seen = dict(((node.get("metadata") or {}).get("labels")) or {})
         if node is not None and self.cordon.update(node):
             c = self.cordon.current
             if c.error:
@@ -261,9 +282,20 @@ class Agent:
                 log.info("node %s: cordoned cards now %s", self.config.node_name, sorted(c.cards) or "none")
 
     async def _cordon_loop(self) -> None:
+        """The node read every CORDON_REFRESH_S: its GPU cordon, and its MIG layout label (gpumgr/mig/live.py: no
+        read of its own, so a MIG node costs the API server no more requests)."""
         while True:
             await asyncio.sleep(CORDON_REFRESH_S)
+            self._node_labels_seen = None
             await self.refresh_cordon()
+            if self._mig_live is not None:
+                try:
+                    await self._mig_live.check()
+                except Exception:  # noqa: BLE001 - the loop must go on
+                    log.exception("MIG: applying a changed layout failed; tried again at the next read")
+
+    async def _seen_node_labels(self) -> dict[str, str] | None:
+        return self._node_labels_seen
 
     async def _start_mig(self, state: NodeState) -> None:
         """MIG before any front end serves: reconcile with NVML, apply the layout, the per-profile plugins."""
@@ -272,16 +304,36 @@ class Agent:
         cfg = self.config
 
         async def labels() -> dict[str, str]:  # read only when a card is MIG-capable
-            try:
-                node = await asyncio.wait_for(self.kube.get_node(cfg.node_name), mig_agent.LABEL_READ_S)
-                return dict(((node or {}).get("metadata") or {}).get("labels") or {})
-            except Exception as e:  # noqa: BLE001 - the configured layout is used instead
-                log.warning("reading node %s for its MIG layout label failed: %s", cfg.node_name, e)
-                return {}
+            return dict(await self._node_labels() or {})  # (unreadable: the configured layout is used instead)
 
         settings = mig_agent.MigSettings(layout=cfg.mig_layout, layouts_file=cfg.mig_layouts_file,
-                                         prefix=cfg.mig_prefix, mig_minors=cfg.mig_minors, cdi=cfg.cdi)
-        self.mig = await mig_agent.start(state, self.backend, settings, labels, with_plugins=self.mode != "dra")
+                                         prefix=cfg.mig_prefix, mig_minors=cfg.mig_minors, cdi=cfg.cdi,
+                                         shared=dict(cfg.mig_shared))
+        self.mig = await mig_agent.start(state, self.backend, settings, labels)
+
+    async def _node_labels(self) -> dict[str, str] | None:
+        """The node's labels (for its MIG layout label at start), or None when the node cannot be read."""
+        from gpumgr.mig.agent import LABEL_READ_S
+
+        try:
+            node = await asyncio.wait_for(self.kube.get_node(self.config.node_name), LABEL_READ_S)
+            return dict(((node or {}).get("metadata") or {}).get("labels") or {})
+        except Exception as e:  # noqa: BLE001 - the configured layout is used instead
+            log.warning("reading node %s for its MIG layout label failed: %s", self.config.node_name, e)
+            return None
+
+    async def _mig_layout_changed(self, report: Any) -> None:
+        """A live layout change was applied (gpumgr/mig/live.py): plugins of new profiles, labels."""
+        assert self.state is not None and self.mig is not None
+        if self.mode != "dra" and self.service is not None:
+            new = self.mig.build_plugins(self.state, self.service)
+            if new:
+                sup = PluginSupervisor(self.config.device_plugin_dir, new, on_register=self._on_register)
+                await sup.start()
+                self._mig_supervisors.append(sup)
+        if self.dra is not None:  # the DRA pool follows the cards' MIG modes (and the ledger's slots by itself)
+            self.dra.publisher.mig_cards = self.mig.cards
+        await self.publish_labels()
 
     def _on_register(self, resource: str, again: bool) -> None:
         if again and self.metrics is not None:
@@ -324,6 +376,8 @@ class Agent:
                 await t
         if self.supervisor:
             await self.supervisor.stop()
+        for sup in self._mig_supervisors:
+            await sup.stop()
         if self.dra is not None:
             await self.dra.stop()
         if self.service:

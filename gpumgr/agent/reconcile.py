@@ -134,7 +134,7 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
     running = service.vdevices.running()
     for a in list(state.ledger.allocations.values()):
         uid = a.pod_uid
-        if is_claim(a) or not a.verified or uid not in live:
+        if is_claim(a) or not a.verified or uid not in live or a.mig is not None:  # (MIG: gpumgr/mig/holdings.py)
             continue
         limits = service.limits.get(a, pods[uid])
         if running.get(a.key) != limits:

@@ -69,6 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "all-disabled or a name from --mig-layouts-file; the node label nvidia.com/mig.config wins; empty: leave "
         "the cards' instances as they are")
     opt("--mig-layouts-file", "", "JSON file of named MIG layouts: {name: {\"all\" | \"<card>\": [profile, ...]}}")
+    opt("--mig-shared", "", "MIG profiles of the layout served as shares: <profile>=<replicas>[,...] (e.g. "
+        "1g.10gb=4): each instance is <replicas> devices of <prefix><profile>.shared, each a share with its memory "
+        "enforced (the instance's memory / replicas)")
     opt("--mig-resource-prefix", "nvidia.com/mig-", "resource name prefix of the MIG device plugins")
     opt("--mig-minors", "/proc/driver/nvidia-caps/mig-minors", "the driver's MIG capability minors file")
     opt("--mig-strategy", "mixed", "how the device plugins name MIG instances: mixed (<prefix><profile>, as "
@@ -123,6 +126,12 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
                 parse(mig_layout, layouts)
         except (LayoutError, ValueError) as e:
             raise InputError(str(e)) from None
+    try:
+        from gpumgr.mig.agent import parse_shared
+
+        shared = parse_shared(str(getattr(args, "mig_shared", "")))
+    except ValueError as e:
+        raise InputError(str(e)) from None
     strategy = str(getattr(args, "mig_strategy", "mixed"))
     if strategy != "mixed":
         raise InputError(f"--mig-strategy must be mixed (one resource per profile, <prefix><profile>), got "
@@ -139,7 +148,7 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
         metrics_addr=args.metrics_addr, check_period_s=check_period, grace_s=grace,
         health_ignore_xids=xids, temp_unhealthy_c=temp_unhealthy, temp_healthy_c=temp_healthy,
         label_prefix=args.label_prefix, cdi=bool(args.cdi), extra=dra, mig_layout=mig_layout,
-        mig_layouts_file=mig_layouts_file, mig_prefix=prefix,
+        mig_layouts_file=mig_layouts_file, mig_prefix=prefix, mig_shared=tuple(sorted(shared.items())),
         mig_minors=Path(str(getattr(args, "mig_minors", "/proc/driver/nvidia-caps/mig-minors"))),
     )
 

@@ -103,8 +103,21 @@ def mig_table(instances: list[dict[str, Any]]) -> str:
     for i in instances:
         start, size = int(i["start"]), int(i["size"])
         rows.append((str(i["card"]), str(i["profile"]), f"{start}-{start + size - 1}", f"{i['memory_mib']} MiB",
-                     str(i["uuid"]) or "(being created)", str(i["origin"]), ",".join(i.get("holders") or []) or "-"))
+                     str(i["uuid"]) or "(being created)", str(i["origin"]), _mig_holders(i)))
     return table(rows)
+
+
+def _mig_holders(i: dict[str, Any]) -> str:
+    """The instance's holders by name (pod or claim when known); a share inside it with its cores and memory."""
+    named = {str(h.get("key")): h for h in i.get("held_by") or [] if isinstance(h, dict)}
+    out = []
+    for key in i.get("holders") or []:
+        h = named.get(str(key), {})
+        name = str(h.get("holder") or key)
+        cores = h.get("cores")
+        out.append(f"{name} ({cores}%, {h.get('memory_mib')} MiB)" if isinstance(cores, int) and cores < 100
+                   else name)
+    return ", ".join(out) or "-"
 
 
 def cards_table(cards: list[dict[str, Any]]) -> str:

@@ -6,7 +6,8 @@ Allocate answers with the parent's /dev/nvidia<minor> and /dev/nvidiactl, the in
 nodes (/dev/nvidia-caps/nvidia-cap<M>, from mig-minors), `NVIDIA_VISIBLE_DEVICES=<MIG UUID>` and, with CDI on, the
 CDI name `<kind>=<MIG UUID>`; the instance is recorded as held whole in the ledger (checkpointed before the answer).
 The kubelet hands a device out only when no running pod has it, so an Allocate of a held instance replaces the
-old holder. Health: an instance in `unhealthy` (an XID or ECC event naming it) is Unhealthy; its card's other
+old holder; gpumgr/mig/holdings.py names the holder from the kubelet checkpoint and releases it when its pod
+goes. Health: an instance in `unhealthy` (an XID or ECC event naming it) is Unhealthy; its card's other
 instances are not.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,7 +156,8 @@ def _hold(slots: list[MigSlot]) -> Callable[[Ledger], None]:
         for s in slots:
             for key in list(led.slot_holders.get(s.name, {})):  # the kubelet only hands out a free device
                 led.release(key)
-            led.assign(Allocation(key=allocation_key(s.uuid), cards=(s.card,), cores=100, mig=s.name))
+            led.assign(Allocation(key=allocation_key(s.uuid), cards=(s.card,), cores=100, mig=s.name,
+                                  created=int(time.time())))
     return change
 
 

@@ -15,7 +15,8 @@ from gpumgr.mig.types import MigCard, MigError, MigInstance
 log = logging.getLogger("gpumgr.mig")
 
 
-def apply_layout(manager: MigManager, ledger: Callable[[], Ledger], layout: Layout) -> Report:
+def apply_layout(manager: MigManager, ledger: Callable[[], Ledger], layout: Layout, quiet: bool = False) -> Report:
+    """`quiet`: the summary and refusals at debug level (a retry that may refuse the same again)."""
     report = Report()
     for card in manager.cards():
         names = layout.wanted(card)
@@ -27,10 +28,10 @@ def apply_layout(manager: MigManager, ledger: Callable[[], Ledger], layout: Layo
             report.refused.append(f"layout {layout.name}: {e}")
     for line in report.done:  # each create and destroy was logged as it happened
         log.debug("MIG %s", line)
-    log.info("MIG layout %s: %d changes or checks done, %d refused", layout.name, len(report.done),
-             len(report.refused))
+    log.log(logging.DEBUG if quiet else logging.INFO, "MIG layout %s: %d changes or checks done, %d refused",
+            layout.name, len(report.done), len(report.refused))
     for line in report.refused:
-        log.warning("MIG refused: %s", line)
+        log.log(logging.DEBUG if quiet else logging.WARNING, "MIG refused: %s", line)
     return report
 
 

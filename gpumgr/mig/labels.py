@@ -1,7 +1,8 @@
 """Node labels of MIG, named as NVIDIA's GPU Feature Discovery names them (strategy `mixed`), so selectors written
 for NVIDIA's stack work: `nvidia.com/mig.capable`, `nvidia.com/mig.strategy`, and per profile of the static layout
-`nvidia.com/mig-<profile>.{count,memory,multiprocessors,slices.gi,slices.ci}`; plus the MIG manager's
-`nvidia.com/mig.config.state` (success / failed: the layout was applied, or something was refused). Pure."""
+`nvidia.com/mig-<profile>.{count,memory,multiprocessors,slices.gi,slices.ci,replicas,sharing-strategy}`; plus the
+MIG manager's `nvidia.com/mig.config.state` (success / failed: the layout was applied, or something was refused).
+Pure."""
 
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ PREFIX = "nvidia.com/"
 _OWNED = re.compile(r"nvidia\.com/mig[.-]")
 
 
-def mig_labels(cards: Iterable[MigCard], ledger: Ledger, refused: bool | None = None) -> dict[str, str]:
-    """`refused`: None when no layout was asked (no config.state label)."""
+def mig_labels(cards: Iterable[MigCard], ledger: Ledger, refused: bool | None = None,
+               shared: Mapping[str, int] | None = None) -> dict[str, str]:
+    """`refused`: None when no layout was asked (no config.state label). `shared`: {profile: replicas} of the
+    profiles served as shares: GPU Feature Discovery's `.replicas` and `.sharing-strategy` (`time-slicing`, the
+    value its selectors know; gpumgr's shares also enforce memory) say so, `none` and 1 for the others."""
+    shared = shared or {}
     cards = list(cards)
     out = {f"{PREFIX}mig.capable": "true" if cards else "false", f"{PREFIX}mig.strategy": "mixed"}
     if refused is not None:
@@ -31,6 +36,8 @@ def mig_labels(cards: Iterable[MigCard], ledger: Ledger, refused: bool | None = 
         p = profiles.get(name)
         base = f"{PREFIX}mig-{name}"
         out[f"{base}.count"] = str(n)
+        out[f"{base}.replicas"] = str(shared.get(name, 1))
+        out[f"{base}.sharing-strategy"] = "time-slicing" if name in shared else "none"
         if p is not None:
             out[f"{base}.memory"] = str(p.memory_mib)
             out[f"{base}.multiprocessors"] = str(p.multiprocessors)

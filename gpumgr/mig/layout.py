@@ -116,7 +116,13 @@ def card_busy(ledger: Ledger, index: int) -> str | None:
         return f"card {index} is held outside MIG by {sorted(c.holders)[0]}"
     held = sorted(n for n in c.slots if ledger.slot_holders.get(n))
     if held:
-        return f"card {index}: MIG instance {held[0]} is in use by {sorted(ledger.slot_holders[held[0]])[0]}"
+        key = sorted(ledger.slot_holders[held[0]])[0]
+        a = ledger.allocations.get(key)
+        claim = a.claim if a is not None else None
+        who = (f"claim {claim.namespace}/{claim.name}" if claim is not None
+               else f"pod {a.namespace}/{a.pod}" if a is not None and a.pod else key)
+        more = f" (and {len(held) - 1} more instances)" if len(held) > 1 else ""
+        return f"card {index}: MIG instance {held[0]} is in use by {who}{more}"
     return None
 
 

@@ -13,7 +13,7 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 
-from gpumgr.mig.agent import load_layouts
+from gpumgr.mig.agent import load_layouts, parse_shared
 from gpumgr.mig.layout import parse
 
 from .cel_support import evaluate
@@ -66,6 +66,13 @@ def test_named_layouts_are_a_configmap_the_agent_reads(tmp_path: Path) -> None:
             != other.get("DaemonSet", AGENT)["spec"]["template"]["metadata"]["annotations"][key])
 
 
+def test_shared_profiles_become_the_agents_flag_and_its_parser_takes_it() -> None:
+    got = agent_flags({"agent": {"mig": {"shared": {"1g.10gb": 4, "2g.20gb": 2}}}})
+    assert got["mig-shared"] == "1g.10gb=4,2g.20gb=2" and got["mig-resource-prefix"] == "nvidia.com/mig-"
+    assert parse_shared(got["mig-shared"] or "") == {"1g.10gb": 4, "2g.20gb": 2}
+    assert "mig-shared" not in agent_flags({"agent": {"mig": {"layout": "all-1g.10gb"}}})
+
+
 def test_extender_profiles_are_managed_resources() -> None:
     cm = render({"agent": {"mig": {"extenderProfiles": ["1g.10gb", "3g.40gb"]}}}).all("ConfigMap")
     text = "\n".join(json.dumps(c.get("data", {})) for c in cm)
@@ -80,6 +87,9 @@ def test_extender_profiles_are_managed_resources() -> None:
     ({"layouts": {"halves": {"all": ["3g"]}}}, "3g"),
     ({"resourcePrefix": "NVIDIA.com/mig-"}, "resourcePrefix"),
     ({"extenderProfiles": ["one"]}, "one"),
+    ({"shared": {"1g.10gb": 1}}, "minimum"),
+    ({"shared": {"1g.10gb": 65}}, "maximum"),
+    ({"shared": {"tenth": 4}}, "tenth"),
 ])
 def test_bad_mig_values_are_refused_by_name(values: dict[str, Any], word: str) -> None:
     with helm.Chart.load(CHART_DIR) as chart, pytest.raises(helm.HelmValuesError) as caught:
@@ -113,3 +123,28 @@ def test_the_mig_device_class_is_opt_in_and_selects_mig_devices_only() -> None:
 def test_the_mig_device_class_validates(version: str) -> None:
     dc = mig_class({"agent": {"mode": "both"}, "dra": {"deviceClasses": {"mig": "mig.gpumgr.io"}}})
     kubernetes_validate.validate(dc, version, strict=True)
+
+
+def test_the_node_restriction_lets_the_agent_write_the_mig_labels_but_not_the_operators_layout() -> None:
+    """The agent writes GPU Feature Discovery's MIG labels (gpumgr/mig/labels.py); the API server's policy must
+    let it (the real cluster refused them before), and still refuse the operator's nvidia.com/mig.config."""
+    from gpumgr.mig.labels import mig_labels
+
+    from .test_chart_node_restriction import a_node, changed, policy, update
+
+    pol = policy()
+    node = a_node("gpu-node-1")  # the node the agent's token is bound to
+    mine = mig_labels([], _ledger(), refused=False)
+    patched = node
+    for k, v in {**mine, "nvidia.com/mig-1g.10gb.count": "7", "nvidia.com/mig-1g.10gb.replicas": "4"}.items():
+        patched = changed(patched, ("metadata", "labels", k), v)
+    assert update(pol, "nodes", node, patched).allowed
+    denied = update(pol, "nodes", node, changed(node, ("metadata", "labels", "nvidia.com/mig.config"), "all-1g.10gb"))
+    assert denied.denied and "but nvidia.com/mig.config" in denied.denied[0]
+    assert not update(pol, "nodes", node, changed(node, ("metadata", "labels", "nvidia.com/gpu.product"), "x")).allowed
+
+
+def _ledger() -> Any:
+    from gpumgr.allocator import Ledger
+
+    return Ledger([81920])

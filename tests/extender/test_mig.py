@@ -192,3 +192,19 @@ async def _passes(ext: Any, p: dict[str, Any], nodes: list[str]) -> bool:
 
 async def _fails(ext: Any, p: dict[str, Any], name: str) -> bool:
     return name in (await filtered(ext, p, [name]))[1]
+
+
+async def test_shared_replicas_are_left_to_kube_schedulers_count(api: KubeApiServer, start_extender: Any) -> None:
+    """`nvidia.com/mig-<profile>.shared` (replicas of an instance served as shares, docs/mig.md) is counted by
+    kube-scheduler from the node's allocatable: the extender never refuses a node for it, not even one whose
+    instances are all asked whole, and a pod asking replicas and a vcuda share must still fit the vcuda part."""
+    s = api.store
+    s.create_node(mig_node("shared", [mig_card(0, SEVEN_ONES)], count=1))
+    s.create_node(node("plain", inventory(2)))
+    s.create_pod(mig_pod("whole", {ONE: 7}, node_name="shared", phase="Running"))
+    ext = await start_extender()
+    passed, failed = await filtered(ext, s.create_pod(mig_pod("replica", {ONE + ".shared": 1})), ["shared", "plain"])
+    assert passed == ["shared", "plain"], failed
+    passed, failed = await filtered(ext, s.create_pod(mig_pod("both", {ONE + ".shared": 1}, vcuda=(30, 4))),
+                                    ["shared", "plain"])
+    assert passed == ["plain"] and "shared" in failed, failed

@@ -75,7 +75,8 @@ async def test_agent_serves_a_mig_layout_and_survives_kill_9():
                         "nvidia.com/mig.strategy": "mixed", "nvidia.com/mig.config.state": "success",
                         "nvidia.com/mig-1g.10gb.count": "14", "nvidia.com/mig-1g.10gb.memory": "9984",
                         "nvidia.com/mig-1g.10gb.multiprocessors": "16", "nvidia.com/mig-1g.10gb.slices.gi": "1",
-                        "nvidia.com/mig-1g.10gb.slices.ci": "1"}  # GPU Feature Discovery's names
+                        "nvidia.com/mig-1g.10gb.slices.ci": "1", "nvidia.com/mig-1g.10gb.replicas": "1",
+                        "nvidia.com/mig-1g.10gb.sharing-strategy": "none"}  # GPU Feature Discovery's names
         # both cards are in MIG mode: their vcuda units are not offered (a pod would be refused on them)
         await kubelet.wait_for(lambda: len(kubelet.devices("tencent.com/vcuda-core")) == 200, 30)
         assert set(kubelet.devices("tencent.com/vcuda-core").values()) == {"Unhealthy"}
@@ -105,8 +106,12 @@ async def test_agent_serves_a_mig_layout_and_survives_kill_9():
                     if s.uuid == mig_uuid)
         url = re.search(rb"metrics on (http://\S+)/metric", (workdir / "agent.log").read_bytes())
         assert url is not None
-        text = await asyncio.to_thread(lambda: urllib.request.urlopen(url.group(1).decode() + "/metric", timeout=30)
-                                       .read().decode())
+        def metric() -> str:
+            return urllib.request.urlopen(url.group(1).decode() + "/metric", timeout=30).read().decode()
+
+        # the holding is named after its pod, from the kubelet checkpoint (gpumgr/mig/holdings.py)
+        await kubelet.wait_for(lambda: 'holder="pod default/mig"' in metric(), 30)
+        text = await asyncio.to_thread(metric)
         assert 'gpumgr_mig_instances{gpu="gpu0",profile="1g.10gb",uuid="GPU-00000000-e2e"} 7.0' in text
         held = [line for line in text.splitlines() if line.startswith("gpumgr_mig_instance{")
                 and f'mig_uuid="{mig_uuid}"' in line]

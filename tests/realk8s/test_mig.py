@@ -222,3 +222,78 @@ def test_dra_shares_of_one_mig_instance_get_their_memory_limits(realk8s: Env, mi
     _delete_claims(realk8s)
     wait_for("the shared instance destroyed", lambda: not [s for s in _slots(mig_node) if s.origin == "claim"],
              120, procs=(proc,))
+
+
+MIG_SHARED_NODE = "mig-shared-node"
+MIG_1G_SHARED = "nvidia.com/mig-1g.10gb.shared"
+
+
+@pytest.fixture
+def mig_shared_node(realk8s: Env) -> Iterator[Node]:
+    """A node like `mig_node` whose layout's 1g.10gb instances are served as shares: two replicas each
+    (`--mig-shared=1g.10gb=2`, what the chart renders for agent.mig.shared; tests/chart/test_chart_mig.py)."""
+    nvml_node.build()
+    node = realk8s.cluster.add_node(MIG_SHARED_NODE, labels={"nvidia.com/gpu.present": "true"})
+    fake = FakeNvmlNode(node.dir / "nvml", INV, mig={0: "h100-80", 1: "h100-80"}, mig_on=(0, 1)).write()
+    layouts = node.dir / "mig-layouts.json"
+    layouts.write_text(json.dumps(LAYOUTS))
+    args = [*mig_agent_args(realk8s, node, fake, layouts), "--mig-shared=1g.10gb=2"]
+    proc = node.run_in_namespace(f"{MIG_SHARED_NODE}-agent", [sys.executable, "-m", "gpumgr.cli", *args],
+                                 env={**os.environ, **fake.env()}, restart=True)
+    realk8s.gpumgr.agents[MIG_SHARED_NODE] = proc
+    core = realk8s.core()
+    w.ensure_namespace(core)
+    yield node
+    w.delete_all(core)
+    node.stop()
+    del realk8s.cluster.nodes[MIG_SHARED_NODE]
+    core.delete_node(MIG_SHARED_NODE)
+    wait_for("the shared MIG node gone", lambda: MIG_SHARED_NODE not in [n.metadata.name for n in
+                                                                        core.list_node().items], 60)
+    del realk8s.gpumgr.agents[MIG_SHARED_NODE]
+
+
+def test_a_share_inside_a_mig_instance_gets_its_memory_limit(realk8s: Env, mig_shared_node: Node) -> None:
+    core = realk8s.core()
+    proc = realk8s.gpumgr.agents[MIG_SHARED_NODE]
+    wait_for("six 1g.10gb replicas in the node's capacity", lambda: (
+        core.read_node(MIG_SHARED_NODE).status.capacity or {}).get(MIG_1G_SHARED) == "6", 180, interval_s=0.5,
+        procs=(proc,))
+    wait_for("GPU Feature Discovery's replicas label", lambda: (core.read_node(MIG_SHARED_NODE).metadata.labels or {})
+             .get("nvidia.com/mig-1g.10gb.replicas") == "2", 60, procs=(proc,))
+    labels = core.read_node(MIG_SHARED_NODE).metadata.labels or {}
+    limits = {MIG_1G_SHARED: "1"}
+    w.create(core, w.plain_pod("mig-share", containers=[{"name": "main", "image": w.IMAGE,
+                                                         "resources": {"limits": limits}}]))
+    pod = w.wait_running(core, "mig-share")
+    assert pod.spec.node_name == MIG_SHARED_NODE
+    record = w.record_for(mig_shared_node, pod, "main")
+    envs = record["envs"]
+    mig_uuid = envs["NVIDIA_VISIBLE_DEVICES"]
+    assert mig_uuid.startswith("MIG-"), envs
+    assert envs["LD_PRELOAD"] == "/usr/local/gpumgr/lib64/libvcuda.so" and envs["VCUDA_LIMITS"] == "/etc/vcuda/limits"
+    devices = [d["hostPath"] for d in record["devices"]]
+    # the parent card, the instance's GI and CI capability nodes, nvidiactl
+    assert devices[0] == "/dev/nvidia0" and "/dev/nvidiactl" in devices, devices
+    assert len([d for d in devices if d.startswith("/dev/nvidia-caps/nvidia-cap")]) == 2, devices
+    mounts = {m["containerPath"]: m for m in record["mounts"]}
+    assert {"/usr/local/nvidia/lib64", "/etc/vcuda", "/usr/local/gpumgr"} <= set(mounts), mounts
+    (slot,) = [s for s in _slots(mig_shared_node) if s.uuid == mig_uuid]
+    half = slot.memory_mib // 2
+    # the limits file the agent wrote at PreStartContainer: half the instance's memory, on the MIG UUID
+    vdir = Path(mounts["/etc/vcuda"]["hostPath"])
+    wait_for("the share's limits file", lambda: (vdir / "limits").exists(), 60, procs=(proc,))
+    written = dict(line.split("=", 1) for line in (vdir / "limits").read_text().splitlines()
+                   if "=" in line and not line.startswith("#"))
+    assert written["device0_uuid"] == mig_uuid and written["device0_memory_limit"] == str(half << 20), written
+    assert written["core_limit"] == "50" and written["pod_uid"] == pod.metadata.uid, written
+    # the vDevice server the shim would call answers the same
+    import grpc
+
+    from gpumgr.pb import vdevice_pb2 as vpb
+    from gpumgr.pb import vdevice_pb2_grpc as vpb_grpc
+
+    with grpc.insecure_channel(f"unix://{vdir / 'vcuda.sock'}") as channel:
+        answer = vpb_grpc.VDeviceStub(channel).Register(vpb.RegisterRequest(), timeout=30)
+    assert [(d.uuid, d.memory_limit_bytes) for d in answer.devices] == [(mig_uuid, half << 20)]
+    assert labels.get("nvidia.com/mig-1g.10gb.sharing-strategy") == "time-slicing", labels
