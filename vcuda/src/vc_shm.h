@@ -73,7 +73,8 @@ struct vc_shm {
 enum vc_measure {
     VC_MEASURE_PROCESS = 0,  /* NVML per-process SM utilisation of the container's PIDs */
     VC_MEASURE_DEVICE = 1,   /* NVML device utilisation (per-process not supported) */
-    VC_MEASURE_NONE = 2      /* no measure: the limit is not enforced */
+    VC_MEASURE_NONE = 2,     /* no measure: the limit is not enforced */
+    VC_MEASURE_GPM = 3       /* a MIG instance: GPM per-instance SM utilisation (Hopper and later) */
 };
 
 /* Map (creating if needed) the region for this container. Falls back to a

@@ -30,6 +30,9 @@ _Atomic uint64_t vc_cost_avg;
 #define RAMP_MAX 64.0                   /* step factor cap (before the square root) far below the target */
 #define SOFT_MARGIN 50                  /* per mille left free when borrowing */
 #define STALE_NS 1000000000ull          /* controller not stepped for 1 s: its state is stale */
+#define GPM_MIN_NS 100000000ull         /* GPM: at least 100 ms between two samples (NVML's refresh) */
+#define GPM_STEP_NS 105000000ull        /* GPM mode: controller step every 105 ms */
+#define GPM_OLD_NS 2000000000ull        /* a previous GPM sample older than 2 s is a baseline only */
 
 static struct {
     int target_x1000; /* the share */
@@ -39,6 +42,18 @@ static struct {
 } cfg;
 
 static atomic_int watcher_running;
+
+/* A MIG instance as this process's NVML sees it: GPM samples are taken on its
+ * card for its GPU instance. Process-local (sample buffers belong to this
+ * process's NVML); the controller step goes to whichever process of the
+ * container wins it, and each keeps its own previous sample. */
+static struct gpm_dev {
+    int mig;                /* the slot's device is a MIG instance */
+    nvmlDevice_t parent;    /* its card */
+    unsigned int gi;        /* its GPU instance ID */
+    nvmlGpmSample_t prev, cur;
+    uint64_t prev_ns;       /* when prev was taken, 0 = none */
+} gpm[VC_MAX_DEV];
 
 static uint64_t now_ns(void)
 {
@@ -92,9 +107,53 @@ static struct vc_throttle *attach(int slot, struct vc_shm *shm)
     return t;
 }
 
+static void set_mode(int s, struct vc_throttle *t, unsigned from, unsigned to, const char *why);
+
+/* Is device slot s a MIG instance, and can its card give GPM samples for
+ * it? 1 GPM, 0 MIG without GPM, -1 not a MIG instance (or NVML cannot say). */
+static int probe_mig(int s)
+{
+    nvmlDevice_t h = vc.nvml[s];
+    unsigned int is_mig = 0, gi = 0;
+    if (!h || !REAL_I(nvmlDeviceIsMigDeviceHandle) || REAL_I(nvmlDeviceIsMigDeviceHandle)(h, &is_mig) != NVML_SUCCESS ||
+        !is_mig)
+        return -1;
+    gpm[s].mig = 1;
+    nvmlDevice_t parent = NULL;
+    if (!REAL_I(nvmlDeviceGetDeviceHandleFromMigDeviceHandle) || !REAL_I(nvmlDeviceGetGpuInstanceId) ||
+        REAL_I(nvmlDeviceGetDeviceHandleFromMigDeviceHandle)(h, &parent) != NVML_SUCCESS ||
+        REAL_I(nvmlDeviceGetGpuInstanceId)(h, &gi) != NVML_SUCCESS)
+        return 0;
+    nvmlGpmSupport_t sup = {.version = NVML_GPM_SUPPORT_VERSION, .isSupportedDevice = 0};
+    if (!REAL_I(nvmlGpmQueryDeviceSupport) || !REAL_I(nvmlGpmSampleAlloc) || !REAL_I(nvmlGpmMigSampleGet) ||
+        !REAL_I(nvmlGpmMetricsGet) || REAL_I(nvmlGpmQueryDeviceSupport)(parent, &sup) != NVML_SUCCESS ||
+        !sup.isSupportedDevice)
+        return 0;
+    if ((!gpm[s].prev && REAL_I(nvmlGpmSampleAlloc)(&gpm[s].prev) != NVML_SUCCESS) ||
+        (!gpm[s].cur && REAL_I(nvmlGpmSampleAlloc)(&gpm[s].cur) != NVML_SUCCESS))
+        return 0;
+    gpm[s].parent = parent;
+    gpm[s].gi = gi;
+    gpm[s].prev_ns = 0;
+    return 1;
+}
+
 void vc_throttle_enable(int slot, struct vc_shm *shm)
 {
-    attach(slot, shm);
+    struct vc_throttle *t = attach(slot, shm);
+    int m = probe_mig(slot);
+    unsigned cur = atomic_load(&t->mode);
+    if (m == 1 && cur != VC_MEASURE_GPM) {
+        set_mode(slot, t, cur, VC_MEASURE_GPM,
+                 "a MIG instance (no per-process utilisation inside MIG); its card has GPM");
+    } else if (m == 0 && cur != VC_MEASURE_NONE) {
+        atomic_store(&t->none_local, 0); /* not for lack of NVML: no process can measure it */
+        set_mode(slot, t, cur, VC_MEASURE_NONE,
+                 "a MIG instance on a card without GPM: no per-process, device or per-instance utilisation");
+    } else if (m == 0 && (atomic_fetch_or(&t->warned, 1u) & 1u) == 0) {
+        VC_WARN("device slot %d: a MIG instance on a card without GPM, so its compute limit is not enforced "
+                "(memory is still limited)", slot);
+    }
 }
 
 /* Change how device slot s is measured (once per change, by whichever
@@ -108,7 +167,9 @@ static void set_mode(int s, struct vc_throttle *t, unsigned from, unsigned to, c
     if (to == VC_MEASURE_NONE)
         atomic_store(&t->tokens, INT64_MAX / 2); /* release every waiting launch */
     vc_status_write(cfg.shm ? cfg.shm : vc.shm);
-    if (to == VC_MEASURE_DEVICE && (atomic_fetch_or(&t->warned, 2u) & 2u) == 0)
+    if (to == VC_MEASURE_GPM && (atomic_fetch_or(&t->warned, 4u) & 4u) == 0)
+        VC_INFO("device slot %d: %s; its compute limit is enforced from the instance's GPM SM utilisation", s, why);
+    else if (to == VC_MEASURE_DEVICE && (atomic_fetch_or(&t->warned, 2u) & 2u) == 0)
         VC_WARN("device slot %d: %s; its compute limit is enforced from the device's utilisation", s, why);
     else if (to == VC_MEASURE_NONE && (atomic_fetch_or(&t->warned, 1u) & 1u) == 0)
         VC_WARN("device slot %d: NVML reports no utilisation for it (%s), so its compute limit is not enforced "
@@ -142,11 +203,14 @@ void vc_throttle_unmeasurable(int slot, struct vc_shm *shm, int dev, const char 
 static uint64_t last_overhead[VC_MAX_DEV];
 static int unlisted_steps[VC_MAX_DEV]; /* see unlisted() */
 
+
 void vc_throttle_after_fork(void)
 {
     atomic_store(&watcher_running, 0); /* the parent's thread is not in the child */
     memset(last_overhead, 0, sizeof(last_overhead)); /* the parent's overhead is not the child's */
     memset(unlisted_steps, 0, sizeof(unlisted_steps));
+    for (int s = 0; s < VC_MAX_DEV; s++)
+        gpm[s].prev_ns = 0; /* the child's first sample is a baseline */
 }
 
 static void refill(struct vc_throttle *t, uint64_t now)
@@ -404,15 +468,9 @@ static int unlisted(int s, uint64_t own, int64_t spent)
     return ++unlisted_steps[s] >= 2;
 }
 
-/* Device mode: the card's utilisation stands for the container's own when no
- * other process runs on the card; while that holds, the limiter also learns
- * what share of the card one cost unit per second takes, and uses it to
- * estimate its own share once others arrive. Without that estimate it takes
- * the whole card's utilisation as its own: never more than its share.
- * Returns 0 with values, 1 if there is nothing new, -1 on a transient
- * error, -2 if unsupported. */
-static int sample_device(int s, struct vc_throttle *t, uint64_t now, double spent_rate, uint64_t *own,
-                         uint64_t *other)
+/* Device mode: the card's utilisation, x1000. Returns 0 with a value, 1 if
+ * there is nothing new, -1 on a transient error, -2 if unsupported. */
+static int card_util(int s, struct vc_throttle *t, uint64_t now, uint64_t *card)
 {
     pfn_nvmlDeviceGetUtilizationRates get = REAL_I(nvmlDeviceGetUtilizationRates);
     nvmlDevice_t h = vc.nvml[s];
@@ -426,14 +484,72 @@ static int sample_device(int s, struct vc_throttle *t, uint64_t now, double spen
         return -2;
     if (r != NVML_SUCCESS)
         return -1;
-    uint64_t card = (u.gpu > 100 ? 100 : u.gpu) * 10ull;
+    *card = (u.gpu > 100 ? 100 : u.gpu) * 10ull;
     /* NVML holds the figure for its whole sampling period (1/6 s to 1 s): the
      * same figure again is most likely the same sample, and stepping on it
      * twice would over-correct. Step when it changes, or after a second. */
     uint64_t changed = atomic_load(&t->dev_util_ns);
-    if (atomic_exchange(&t->dev_util, card) == card && changed && now - changed < SLOW_PERIOD_NS)
+    if (atomic_exchange(&t->dev_util, *card) == *card && changed && now - changed < SLOW_PERIOD_NS)
         return 1;
     atomic_store(&t->dev_util_ns, now);
+    return 0;
+}
+
+/* GPM mode: the MIG instance's SM utilisation between this process's
+ * previous GPM sample and a new one (at least GPM_MIN_NS apart). */
+static int gpm_util(int s, uint64_t now, uint64_t *inst)
+{
+    struct gpm_dev *g = &gpm[s];
+    if (!g->prev || !g->cur)
+        return -2;
+    if (g->prev_ns && now - g->prev_ns < GPM_MIN_NS)
+        return 1;
+    nvmlReturn_t r = REAL_I(nvmlGpmMigSampleGet)(g->parent, g->gi, g->cur);
+    if (r == NVML_ERROR_NOT_SUPPORTED)
+        return -2;
+    if (r != NVML_SUCCESS)
+        return -1;
+    uint64_t before = g->prev_ns;
+    nvmlGpmSample_t x = g->prev; /* the new sample is the next one's baseline */
+    g->prev = g->cur;
+    g->cur = x;
+    g->prev_ns = now;
+    if (!before || now - before > GPM_OLD_NS)
+        return 1; /* no recent baseline: this sample is one */
+    static nvmlGpmMetricsGet_t m; /* ~15 KiB: not on the stack; only the watcher thread steps the controller */
+    memset(&m, 0, sizeof(m));
+    m.version = NVML_GPM_METRICS_GET_VERSION;
+    m.numMetrics = 1;
+    m.sample1 = g->cur; /* the older */
+    m.sample2 = g->prev;
+    m.metrics[0].metricId = NVML_GPM_METRIC_SM_UTIL;
+    r = REAL_I(nvmlGpmMetricsGet)(&m);
+    if (r == NVML_ERROR_NOT_SUPPORTED || (r == NVML_SUCCESS && m.metrics[0].nvmlReturn == NVML_ERROR_NOT_SUPPORTED))
+        return -2;
+    if (r != NVML_SUCCESS || m.metrics[0].nvmlReturn != NVML_SUCCESS)
+        return -1;
+    double v = m.metrics[0].value;
+    v = v < 0.0 ? 0.0 : (v > 100.0 ? 100.0 : v);
+    *inst = (uint64_t)(v * 10.0 + 0.5);
+    return 0;
+}
+
+/* Device and GPM modes: the card's (device mode) or the MIG instance's (GPM
+ * mode) utilisation stands for the container's own when no other process
+ * runs there; while that holds, the limiter also learns what share of the
+ * card or instance one cost unit per second takes (its own launch
+ * accounting), and uses it to estimate its own share once others arrive
+ * (several containers sharing one MIG instance, each with a fraction of it).
+ * Without that estimate it takes the whole utilisation as its own: never more
+ * than its share. Returns 0 with values, 1 if there is nothing new, -1 on a
+ * transient error, -2 if unsupported. */
+static int sample_device(int s, struct vc_throttle *t, uint64_t now, double spent_rate, uint64_t *own,
+                         uint64_t *other)
+{
+    uint64_t card = 0;
+    int rc = atomic_load(&t->mode) == VC_MEASURE_GPM ? gpm_util(s, now, &card) : card_util(s, t, now, &card);
+    if (rc != 0)
+        return rc;
     int foreign = others_running(s);
     double unit = (double)atomic_load(&t->unit_x1e12) / 1e12;
     if (foreign == 0) {
@@ -483,7 +599,7 @@ static void control(int s, struct vc_throttle *t, uint64_t now)
      * mode (device utilisation is always there, so it would step on old news). */
     int eager = mode == VC_MEASURE_PROCESS &&
                 (atomic_load(&t->ramping) || (atomic_load(&t->last_seen_ts) == 0 && atomic_load(&t->throttled)));
-    uint64_t gap = eager ? RAMP_PERIOD_NS : CTRL_PERIOD_NS - CTRL_PERIOD_NS / 10;
+    uint64_t gap = eager ? RAMP_PERIOD_NS : (mode == VC_MEASURE_GPM ? GPM_STEP_NS : CTRL_PERIOD_NS - CTRL_PERIOD_NS / 10);
     if (last && now - last < gap)
         return;
     if (!atomic_compare_exchange_strong(&t->ctrl_ns, &last, now))
@@ -522,10 +638,12 @@ static void control(int s, struct vc_throttle *t, uint64_t now)
             mode = VC_MEASURE_DEVICE;
         }
     }
-    if (mode == VC_MEASURE_DEVICE) {
+    if (mode == VC_MEASURE_DEVICE || mode == VC_MEASURE_GPM) {
         rc = sample_device(s, t, now, spent_rate, &own, &other);
         if (rc == -2) {
-            set_mode(s, t, mode, VC_MEASURE_NONE, "neither per-process nor device utilisation is supported");
+            set_mode(s, t, mode, VC_MEASURE_NONE,
+                     mode == VC_MEASURE_GPM ? "the card gives no GPM samples for the MIG instance"
+                                            : "neither per-process nor device utilisation is supported");
             return;
         }
     }
