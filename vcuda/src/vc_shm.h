@@ -15,7 +15,7 @@
 #include "vc_common.h"
 
 #define VC_SHM_MAGIC 0x44554356u /* "VCUD" */
-#define VC_SHM_VERSION 3u
+#define VC_SHM_VERSION 4u
 #define VC_MAX_SLOTS 256
 
 struct vc_slot {
@@ -55,6 +55,14 @@ struct vc_throttle {
     _Atomic uint64_t added;               /* tokens ever added (to measure consumption) */
     _Atomic uint64_t ctrl_added;          /* `added` at the last controller step */
     _Atomic int64_t ctrl_tokens;          /* `tokens` at the last controller step */
+    /* GPM mode, a MIG instance shared with other containers: what the others
+     * use there, measured while the container's launches are held (a probe). */
+    _Atomic uint32_t probe;               /* 0 none, 1 launches held (draining), 2 baseline sample taken */
+    _Atomic uint64_t probe_ns;            /* when the probe began */
+    _Atomic uint64_t others_idle;         /* the instance's figure while the container launched nothing, x1000;
+                                             UINT64_MAX: the probe failed */
+    _Atomic uint64_t others_idle_ns;      /* when measured (or failed), 0 = never */
+    _Atomic uint64_t probe_next_ns;       /* no new probe before this */
 };
 
 struct vc_shm {

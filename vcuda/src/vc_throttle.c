@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "vc_hooks.h"
 #include "vc_log.h"
@@ -33,6 +34,13 @@ _Atomic uint64_t vc_cost_avg;
 #define GPM_MIN_NS 100000000ull         /* GPM: at least 100 ms between two samples (NVML's refresh) */
 #define GPM_STEP_NS 105000000ull        /* GPM mode: controller step every 105 ms */
 #define GPM_OLD_NS 2000000000ull        /* a previous GPM sample older than 2 s is a baseline only */
+#define PROBE_DRAIN_NS 20000000ull      /* probe: launches held this long before the baseline sample */
+#define PROBE_MAX_NS 1000000000ull      /* probe: given up after 1 s (the container launches again) */
+#define PROBE_FRESH_NS 5000000000ull    /* what the others use is re-measured after 4-6 s while held back */
+#define PROBE_RETRY_NS 300000000ull     /* a probe that saw the others idle (maybe probing too): again in 0.3-1.5 s */
+#define PROBE_LEARN_NS 400000000ull     /* the others' figure stands for theirs this long after the probe */
+#define PROBE_BIAS 1.1                  /* a share learned by a probe is taken this much larger */
+#define PROBE_HOLD (INT64_MIN / 4)      /* tokens while a probe holds the container's launches */
 
 static struct {
     int target_x1000; /* the share */
@@ -53,6 +61,7 @@ static struct gpm_dev {
     unsigned int gi;        /* its GPU instance ID */
     nvmlGpmSample_t prev, cur;
     uint64_t prev_ns;       /* when prev was taken, 0 = none */
+    uint64_t window_ns;     /* where the last figure's window began */
 } gpm[VC_MAX_DEV];
 
 static uint64_t now_ns(void)
@@ -87,6 +96,9 @@ static void cold_reset(struct vc_throttle *t)
     atomic_store(&t->unit_x1e12, 0);
     atomic_store(&t->ramping, 0);
     atomic_store(&t->blind, 0);
+    atomic_store(&t->probe, 0);
+    atomic_store(&t->others_idle_ns, 0);
+    atomic_store(&t->probe_next_ns, 0);
 }
 
 static struct vc_throttle *attach(int slot, struct vc_shm *shm)
@@ -531,6 +543,7 @@ static int gpm_util(int s, uint64_t now, uint64_t *inst)
     double v = m.metrics[0].value;
     v = v < 0.0 ? 0.0 : (v > 100.0 ? 100.0 : v);
     *inst = (uint64_t)(v * 10.0 + 0.5);
+    g->window_ns = before;
     return 0;
 }
 
@@ -539,9 +552,10 @@ static int gpm_util(int s, uint64_t now, uint64_t *inst)
  * runs there; while that holds, the limiter also learns what share of the
  * card or instance one cost unit per second takes (its own launch
  * accounting), and uses it to estimate its own share once others arrive
- * (several containers sharing one MIG instance, each with a fraction of it).
- * Without that estimate it takes the whole utilisation as its own: never more
- * than its share. Returns 0 with values, 1 if there is nothing new, -1 on a
+ * (several containers sharing one MIG instance, each with a fraction of it;
+ * there a container that never ran alone learns it by a probe, see
+ * probe_step()). Without that estimate it takes the whole utilisation as its
+ * own: never more than its share. Returns 0 with values, 1 if there is nothing new, -1 on a
  * transient error, -2 if unsupported. */
 static int sample_device(int s, struct vc_throttle *t, uint64_t now, double spent_rate, uint64_t *own,
                          uint64_t *other)
@@ -562,10 +576,100 @@ static int sample_device(int s, struct vc_throttle *t, uint64_t now, double spen
         }
         return 0;
     }
+    if (atomic_load(&t->mode) == VC_MEASURE_GPM) {
+        /* What the others used while this container's launches were held (a
+         * probe, see probe_step()) is theirs; for a while after it, the rest
+         * of the instance's figure is the container's own, and teaches it its
+         * share. A figure whose window reaches back into the probe is not used. */
+        uint64_t idle = atomic_load(&t->others_idle), at = atomic_load(&t->others_idle_ns);
+        if (at && now - at < PROBE_LEARN_NS && idle != UINT64_MAX) {
+            if (gpm[s].window_ns < at)
+                return 1;
+            *own = card > idle ? card - idle : 0;
+            *other = card - *own;
+            if (spent_rate > 0 && *own >= 20 && *own <= 950) {
+                /* Taken 10 % high, up at once, down slowly: a share learned too
+                 * large holds the container a little below its limit, one
+                 * learned too small would let it above (the others' figure may
+                 * have grown since the probe; GPM lags the launches). */
+                double k = (double)*own / 1000.0 / spent_rate * PROBE_BIAS;
+                unit = unit <= 0 || k > unit ? k : unit * 0.9 + k * 0.1;
+                atomic_store(&t->unit_x1e12, (uint64_t)(unit * 1e12));
+            }
+            return 0;
+        }
+        int held = atomic_load(&t->throttled) != 0;
+        if (unit <= 0 && (spent_rate > 0 || held) && now >= atomic_load(&t->probe_next_ns)) {
+            uint32_t none = 0;
+            if (atomic_compare_exchange_strong(&t->probe, &none, 1)) {
+                atomic_store(&t->probe_ns, now);
+                atomic_store(&t->tokens, PROBE_HOLD); /* hold the container's launches */
+                VC_DEBUG("slot %d: others run in the MIG instance: probing what they use", s);
+            }
+        }
+    }
     double est = unit > 0 && spent_rate > 0 ? unit * spent_rate * 1000.0 : (double)card;
     *own = est < (double)card ? (uint64_t)est : card;
     *other = card - *own;
     return 0;
+}
+
+/* base + a pseudo-random part of span (differs between processes and calls). */
+static uint64_t jitter(uint64_t base, uint64_t span)
+{
+    uint64_t x = now_ns() ^ ((uint64_t)getpid() << 32);
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return base + (span ? x % span : 0);
+}
+
+/* The probe of a container sharing a MIG instance with no learned share
+ * (started by sample_device()):
+ * its launches are held (PROBE_DRAIN_NS for what is queued to finish), a GPM
+ * baseline is taken, and the next sample's figure is what the others use.
+ * Then the launches go on. Returns 1 while the probe runs (no controller
+ * step), 0 when there is none. */
+static int probe_step(int s, struct vc_throttle *t, uint64_t now)
+{
+    uint32_t phase = atomic_load(&t->probe);
+    if (phase == 0)
+        return 0;
+    uint64_t began = atomic_load(&t->probe_ns);
+    uint64_t fig = 0;
+    int rc = 1;
+    uint64_t next = now + jitter(PROBE_FRESH_NS * 4 / 5, PROBE_FRESH_NS * 2 / 5);
+    if (now - began > PROBE_MAX_NS) {
+        atomic_store(&t->others_idle, UINT64_MAX);
+        rc = 0; /* give up: go on as without a probe, try again later */
+    } else if (phase == 1) {
+        if (now - began < PROBE_DRAIN_NS)
+            return 1;
+        gpm[s].prev_ns = 0; /* what this process sampled before includes the container's own work */
+        if (gpm_util(s, now, &fig) == 1)
+            atomic_store(&t->probe, 2);
+        return 1;
+    } else if ((rc = gpm_util(s, now, &fig)) == 0) {
+        /* The others idle while their processes are there: they may be
+         * probing at the same moment. Not a figure to learn from: again soon,
+         * at a time of this container's own. */
+        atomic_store(&t->others_idle, fig < 20 ? UINT64_MAX : fig);
+        if (fig < 20)
+            next = now + jitter(PROBE_RETRY_NS, PROBE_RETRY_NS * 4);
+        VC_DEBUG("slot %d: the others use %.1f%% of the MIG instance", s, fig / 10.0);
+    } else {
+        return 1; /* no figure yet (or this process has no baseline): next step */
+    }
+    atomic_store(&t->probe_next_ns, next);
+    atomic_store(&t->others_idle_ns, now);
+    /* Launch again, from a clean account of what was spent. */
+    atomic_store(&t->tokens, 0);
+    atomic_store(&t->ctrl_added, atomic_load(&t->added));
+    atomic_store(&t->ctrl_tokens, 0);
+    atomic_store(&t->ctrl_ok_ns, now);
+    atomic_store(&t->throttled, 0);
+    atomic_store(&t->probe, 0);
+    return 1;
 }
 
 /* sqrt for f in [0.5, 64] without libm: Newton's method converges in a few steps. */
@@ -605,6 +709,8 @@ static void control(int s, struct vc_throttle *t, uint64_t now)
     if (!atomic_compare_exchange_strong(&t->ctrl_ns, &last, now))
         return; /* another process of the container steps this device */
     if (mode == VC_MEASURE_NONE)
+        return;
+    if (mode == VC_MEASURE_GPM && probe_step(s, t, now))
         return;
     /* What the container really spent since the last step (tokens added minus
      * the change in the bucket). */

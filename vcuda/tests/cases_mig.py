@@ -69,7 +69,7 @@ def hopper_gpm(fx: Fixture) -> None:
     assert "not enforced" not in err, err
 
 
-@case("mig: a second container joining a Hopper MIG instance leaves the first one its 30% share", slow=True)
+@case("mig: a container joining a Hopper MIG instance gets its 50% and leaves the first one its 30%", slow=True)
 def hopper_shared(fx: Fixture) -> None:
     node = _mig_node(fx, H100, MIG_H, "hopper", "NVIDIA H100 80GB HBM3 MIG 3g.40gb")
     a, b = fx.container("thirty"), fx.container("fifty")
@@ -77,15 +77,38 @@ def hopper_shared(fx: Fixture) -> None:
     b.write_limits([(MIG_H, 0)], core=50)
     t0 = time.monotonic_ns()
     pa, pida = _load(a, node, 2 * WARMUP + WINDOW + 0.5)
-    time.sleep(WARMUP)  # alone in the instance: the instance's figure is its own, and it learns its launch cost
+    time.sleep(WARMUP)  # alone in the instance: the instance's figure is its own, and it learns its launch cost;
+    # the newcomer holds its launches once to measure what the first one uses, and learns its own from the rest
     pb, pidb = _load(b, node, WARMUP + WINDOW + 0.5)
     _finish(pa)
     _finish(pb)
     w0, w1 = t0 + int(2 * WARMUP * S), t0 + int((2 * WARMUP + WINDOW) * S)
     ua, ub = node.busy(0, w0, w1, [pida]), node.busy(0, w0, w1, [pidb])
-    fx.figure(f"30% then 50% joining one MIG instance (GPM + launch accounting): {ua:5.1f}% / {ub:5.1f}%")
+    fx.figure(f"30% then 50% joining one MIG instance (GPM, launch accounting, a probe): {ua:5.1f}% / {ub:5.1f}%")
     assert abs(ua - 30) <= 5, f"the first container's 30% became {ua:.1f}% once another joined (other {ub:.1f}%)"
-    assert 5 <= ub <= 55, f"the 50% container joining the instance got {ub:.1f}% (first {ua:.1f}%)"
+    # its share learned by a probe is taken 10 % high on purpose: near 50 %, never above it beyond the tolerance
+    assert 40 <= ub <= 55, f"the 50% container joining the instance got {ub:.1f}% (first {ua:.1f}%)"
+
+
+@case("mig: two containers starting together in a Hopper MIG instance at 30% and 50% stay within their shares",
+      slow=True)
+def hopper_together(fx: Fixture) -> None:
+    node = _mig_node(fx, H100, MIG_H, "hopper", "NVIDIA H100 80GB HBM3 MIG 3g.40gb")
+    a, b = fx.container("thirty"), fx.container("fifty")
+    a.write_limits([(MIG_H, 0)], core=30)
+    b.write_limits([(MIG_H, 0)], core=50)
+    t0 = time.monotonic_ns()
+    pa, pida = _load(a, node, 2 * WARMUP + WINDOW + 0.5)
+    pb, pidb = _load(b, node, 2 * WARMUP + WINDOW + 0.5)
+    _finish(pa)
+    _finish(pb)
+    w0, w1 = t0 + int(2 * WARMUP * S), t0 + int((2 * WARMUP + WINDOW) * S)
+    ua, ub = node.busy(0, w0, w1, [pida]), node.busy(0, w0, w1, [pidb])
+    fx.figure(f"30% and 50% starting together in one MIG instance (GPM + probes): {ua:5.1f}% / {ub:5.1f}%")
+    # Neither learned its share alone: each probes what the other uses. Never above its share (the tolerance of
+    # the other compute cases); one may settle well below its share (see docs/mig.md), the instance is not idle.
+    assert ua <= 35 and ub <= 55, f"30/50 became {ua:.1f}/{ub:.1f}"
+    assert ua + ub >= 40, f"30/50 became {ua:.1f}/{ub:.1f}: the instance was left idle"
 
 
 @case("mig: a MIG instance on an Ampere card says its compute limit is not enforced; memory is still limited",
