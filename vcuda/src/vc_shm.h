@@ -57,7 +57,7 @@ struct vc_throttle {
     _Atomic int64_t ctrl_tokens;          /* `tokens` at the last controller step */
     /* GPM mode, a MIG instance shared with other containers: what the others
      * use there, measured while the container's launches are held (a probe). */
-    _Atomic uint32_t probe;               /* 0 none, 1 launches held (draining), 2 baseline sample taken */
+    _Atomic uint32_t probe;               /* 0 none, 1 launches held (draining), 2 baseline taken, 3 one figure */
     _Atomic uint64_t probe_ns;            /* when the probe began */
     _Atomic uint64_t others_idle;         /* the instance's figure while the container launched nothing, x1000;
                                              UINT64_MAX: the probe failed */

@@ -583,9 +583,9 @@ static int sample_device(int s, struct vc_throttle *t, uint64_t now, double spen
          * share. A figure whose window reaches back into the probe is not used. */
         uint64_t idle = atomic_load(&t->others_idle), at = atomic_load(&t->others_idle_ns);
         if (at && now - at < PROBE_LEARN_NS && idle != UINT64_MAX) {
-            if (gpm[s].window_ns < at)
-                return 1;
-            *own = card > idle ? card - idle : 0;
+            if (gpm[s].window_ns < at || card < idle + 20)
+                return 1; /* reaches back into the probe, or the others' figure is all there is: no step */
+            *own = card - idle;
             *other = card - *own;
             if (spent_rate > 0 && *own >= 20 && *own <= 950) {
                 /* Taken 10 % high, up at once, down slowly: a share learned too
@@ -649,14 +649,25 @@ static int probe_step(int s, struct vc_throttle *t, uint64_t now)
         if (gpm_util(s, now, &fig) == 1)
             atomic_store(&t->probe, 2);
         return 1;
-    } else if ((rc = gpm_util(s, now, &fig)) == 0) {
-        /* The others idle while their processes are there: they may be
-         * probing at the same moment. Not a figure to learn from: again soon,
-         * at a time of this container's own. */
-        atomic_store(&t->others_idle, fig < 20 ? UINT64_MAX : fig);
-        if (fig < 20)
+    } else if ((rc = gpm_util(s, now, &fig)) == 0 && phase == 2) {
+        atomic_store(&t->others_idle, fig); /* the first figure; a second one must agree */
+        atomic_store(&t->probe, 3);
+        return 1;
+    } else if (rc == 0) {
+        /* The others' figure must be steady over two samples: a neighbour
+         * whose limiter reacts to this pause (it also counts the instance's
+         * figure as its own) would make it look larger than their use. And
+         * others idle while their processes are there may be probing at the
+         * same moment. Neither is a figure to learn from: again soon, at a
+         * time of this container's own. */
+        uint64_t first = atomic_load(&t->others_idle);
+        uint64_t diff = first > fig ? first - fig : fig - first;
+        int steady = diff <= 50 && fig >= 20;
+        atomic_store(&t->others_idle, steady ? (first < fig ? first : fig) : UINT64_MAX); /* the smaller: safe side */
+        if (!steady)
             next = now + jitter(PROBE_RETRY_NS, PROBE_RETRY_NS * 4);
-        VC_DEBUG("slot %d: the others use %.1f%% of the MIG instance", s, fig / 10.0);
+        VC_DEBUG("slot %d: the others use %.1f%% then %.1f%% of the MIG instance%s", s, first / 10.0, fig / 10.0,
+                 steady ? "" : " (not steady: again later)");
     } else {
         return 1; /* no figure yet (or this process has no baseline): next step */
     }
