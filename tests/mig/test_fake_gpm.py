@@ -11,8 +11,10 @@ from typing import Any
 import pynvml as nv
 import pytest
 
+from gpumgr.devices.arch import has_gpm
+from gpumgr.devices.types import GPU, Inventory
 from tests.fakes.nvml_fixtures import MakeBackend
-from tests.mig.test_fake_mig import create, open_card
+from tests.mig.test_fake_mig import create, mig_node, open_card
 
 
 def metrics(s1: Any, s2: Any, ids: list[int]) -> list[tuple[int, float]]:
@@ -91,8 +93,6 @@ def test_instance_sm_utilisation_follows_its_load(make_backend: MakeBackend):
 
 
 def test_whole_card_samples_and_metrics_not_modelled(make_backend: MakeBackend, tmp_path: Any):
-    from gpumgr.devices.types import GPU, Inventory
-
     inv = Inventory(gpus=(GPU(index=0, uuid="GPU-00000000-h100", minor=0, name="NVIDIA H100 80GB HBM3",
                               memory_mib=81920),), levels=(("X",),))
     backend, node = make_backend(inv)
@@ -149,3 +149,22 @@ def test_a_card_out_of_mig_mode_has_no_instance_samples(make_backend: MakeBacken
         nv.nvmlGpmSampleGet(h, sample)  # the whole card still samples
     finally:
         nv.nvmlGpmSampleFree(sample)
+
+
+@pytest.mark.parametrize(("family", "gpm"), [("h100-80", True), ("h200", True), ("a100-80", False), ("a30", False)])
+def test_the_nvml_backend_reads_gpm_support_into_the_inventory(make_backend: MakeBackend, family: str, gpm: bool):
+    backend, _ = make_backend(mig_node(family), mig={0: family})
+    inv = backend.inventory()
+    assert inv.gpus[0].gpm is gpm and has_gpm(inv.gpus[0]) is gpm
+    assert Inventory.from_json(inv.to_json()).gpus[0].gpm is gpm  # the checkpointed inventory keeps it
+
+
+def test_an_unread_card_is_judged_by_its_model_name():
+    def card(name: str) -> GPU:
+        return GPU(index=0, uuid="GPU-0", minor=0, name=name, memory_mib=1)
+
+    assert has_gpm(card("NVIDIA H100 80GB HBM3")) and has_gpm(card("NVIDIA GH200 480GB"))
+    assert has_gpm(card("NVIDIA B200")) and has_gpm(card("NVIDIA H200 NVL"))
+    assert not has_gpm(card("NVIDIA A100-SXM4-80GB")) and not has_gpm(card("NVIDIA A30"))
+    assert not has_gpm(card("Tesla V100-SXM2-16GB")) and not has_gpm(card("NVIDIA L40S"))
+    assert GPU.from_json(card("NVIDIA A30").to_json()).gpm is None  # nothing read: nothing written
