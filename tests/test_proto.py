@@ -52,7 +52,7 @@ def fields(message) -> dict[str, int]:
     (dp.CDIDevice, {"name": 1}),
     (dp.PreStartContainerRequest, {"devices_ids": 1}),
     (vd.RegisterRequest, {"pod_uid": 1, "container_name": 2, "container_id": 3, "pid": 4, "bus_ids": 5}),
-    (vd.DeviceLimit, {"uuid": 1, "index": 2, "memory_limit_bytes": 3}),
+    (vd.DeviceLimit, {"uuid": 1, "index": 2, "memory_limit_bytes": 3, "compute": 4}),
     (vd.RegisterResponse, {"devices": 1, "core_limit": 2, "hard_limit": 3, "core_ceiling": 4, "host_pid": 5}),
     (dra.NodePrepareResourcesRequest, {"claims": 1}),
     (dra.NodePrepareResourcesResponse, {"claims": 1}),

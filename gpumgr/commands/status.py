@@ -173,9 +173,16 @@ def holders_table(holders: list[dict[str, Any]]) -> str:
             _opt(u.get("used_memory_mib"), " MiB"), _opt(u.get("utilization"), "%"),
         ))
     note = f"\n{NO_PROCESS}" if waiting else ""
+    unenforced = [f"{h['namespace'] or '-'}/{h['pod']}/{h['container'] or '-'} on {uuid}"
+                  for h in sorted(holders, key=_holder_order)
+                  for uuid, how in sorted((h.get("compute_enforcement") or {}).items()) if how == "none"]
+    if unenforced:
+        note += f"\n{NOT_ENFORCED}: " + ", ".join(unenforced)
     return table(rows) + note
 
 
+NOT_ENFORCED = ("compute limit not enforced (a share inside a MIG instance of a card without GPM; its memory is "
+                "limited)")
 NO_PROCESS = ("PIDS -: no process found yet (the container is not started, or its cgroup was not found); "
               "`--format json` gives the reason in pids_error")
 

@@ -68,6 +68,8 @@ class FakeNvmlNode:
     mig: dict[int, str] = field(default_factory=dict)
     mig_on: tuple[int, ...] = ()
     mig_privileged: bool = True
+    # card index -> architecture (ampere, hopper, ...); without it, from the MIG family or the card's name
+    arch: dict[int, str] = field(default_factory=dict)
 
     @property
     def spec(self) -> Path:
@@ -110,6 +112,8 @@ class FakeNvmlNode:
                 lines.append(f"noecc {i}")
         for i, family in sorted(self.mig.items()):
             lines.append(f"mig {i} {family} {1 if i in self.mig_on else 0}")
+        for i, arch in sorted(self.arch.items()):
+            lines.append(f"arch {i} {arch}")
         if self.mig:
             lines.append(f"migstate {self.mig_state}")
             if not self.mig_privileged:
@@ -191,6 +195,11 @@ class FakeNvmlNode:
     def reset(self, gpu: int) -> None:
         """A GPU reset: a pending MIG mode becomes current (Ampere needs one; nothing may run on the card)."""
         self.send(f"reset {gpu}")
+
+    def gpm_load(self, gpu: int, gi: int | None, sm_percent: int) -> None:
+        """From now on, GPU instance `gi` of the card (None: the whole card) keeps sm_percent of its SMs busy: what
+        GPM's samples (Hopper and later) measure."""
+        self.send(f"gpmload {gpu} {'-' if gi is None else gi} {sm_percent}")
 
     def instance_process(self, gpu: int, gi: int, ci: int, pid: int, running: bool = True) -> None:
         """A process starts (or ends) on a compute instance: destroying a busy one fails with IN_USE."""

@@ -30,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from gpumgr.devices import mig_nvml
+from gpumgr.devices.arch import gpm_by_architecture
 from gpumgr.devices.types import GPU, DiscoveryError, GPUStatus, HealthEvent, Inventory, ProcessUsage
 from gpumgr.mig.profiles import family_of
 from gpumgr.mig.types import MigCard, MigError, MigInstance
@@ -197,6 +198,7 @@ class NvmlBackend:
                 memory_mib=int(self._call(nv.nvmlDeviceGetMemoryInfo, f"read memory of GPU {i}", h).total) >> 20,
                 bus_id=bus,
                 numa_node=self._numa(i, h, bus),
+                gpm=self._gpm(h),
             ))
         links = self._nvlinks(bus_ids)
         levels = [["X"] * count for _ in range(count)]
@@ -285,6 +287,20 @@ class NvmlBackend:
             return None
         nodes = [w * 64 + b for w, word in enumerate(mask) for b in range(64) if int(word) >> b & 1]
         return nodes[0] if len(nodes) == 1 else None
+
+    def _gpm(self, handle: Any) -> bool | None:
+        """Does the card have GPM (per-GPU-instance SM utilisation, Hopper and later)? nvmlGpmQueryDeviceSupport;
+        where the driver or binding lacks it, the architecture; None when NVML answers neither (the model name then
+        decides, see devices/arch.py)."""
+        nv = self._nv
+        try:
+            return bool(nv.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+        except (nv.NVMLError, AttributeError):
+            pass
+        try:
+            return gpm_by_architecture(int(nv.nvmlDeviceGetArchitecture(handle)))
+        except (nv.NVMLError, AttributeError):
+            return None
 
     # -- status helpers -------------------------------------------------------------------------------------
     def _utilization(self, handle: Any) -> int:

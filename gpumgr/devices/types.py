@@ -19,9 +19,10 @@ class GPU:
     memory_mib: int
     bus_id: str = ""
     numa_node: int | None = None
+    gpm: bool | None = None  # GPM (Hopper and later) as NVML answered; None: not read (see devices/arch.py)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "index": self.index,
             "uuid": self.uuid,
             "minor": self.minor,
@@ -30,6 +31,9 @@ class GPU:
             "bus_id": self.bus_id,
             "numa_node": self.numa_node,
         }
+        if self.gpm is not None:
+            doc["gpm"] = self.gpm
+        return doc
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> GPU:
@@ -42,6 +46,7 @@ class GPU:
             memory_mib=int(doc["memory_mib"]),
             bus_id=str(doc.get("bus_id", "")),
             numa_node=None if numa is None else int(numa),
+            gpm=None if doc.get("gpm") is None else bool(doc["gpm"]),
         )
 
 

@@ -61,6 +61,12 @@ def container_families(snap: NodeSnapshot) -> Iterator[Metric]:
                               "measures its compute limit on a card, when it said: process (normal), device (card "
                               "utilisation), unthrottled (limit not enforced).", labels=[*CONTAINER_LABELS, "uuid",
                                                                                         "mode"])
+    enforced = GaugeMetricFamily("gpumgr_container_compute_limit_enforced", "Whether the container's compute limit "
+                                 "on a device is enforced (1) or not (0), and how (`enforced_by`): process (NVML "
+                                 "per-process utilisation), gpm (a share inside a MIG instance, from GPM per-instance "
+                                 "samples), none (a share inside a MIG instance on a card without GPM: not "
+                                 "enforced). Containers with a compute limit only.",
+                                 labels=[*CONTAINER_LABELS, "uuid", "enforced_by"])
     procs = GaugeMetricFamily("gpumgr_container_processes", "Host PIDs found in the container's cgroup (0: not "
                               "found, see /usage for why).", labels=CONTAINER_LABELS)
     seen: set[tuple[str, ...]] = set()
@@ -81,7 +87,9 @@ def container_families(snap: NodeSnapshot) -> Iterator[Metric]:
         procs.add_metric(base, len(h.pids))
         for uuid, mode in sorted(h.compute_modes.items()):
             modes.add_metric([*base, uuid, mode], 1)
-    yield from (util, mem, req_util, req_mem, procs, modes)
+        for uuid, how in sorted(h.compute_enforcement.items()):
+            enforced.add_metric([*base, uuid, how], 0 if how == "none" else 1)
+    yield from (util, mem, req_util, req_mem, procs, modes, enforced)
 
 
 def card_families(snap: NodeSnapshot, xid: dict[int, int]) -> Iterator[Metric]:

@@ -5,11 +5,12 @@ The shim (vcuda/src/vc_status.c) writes `vcuda-v<N>-<key>.status` next to its sh
 
     version=1
     container_id=<64 hex, or empty>
-    device<slot>_uuid=GPU-...
-    device<slot>_compute=process|device|unthrottled
+    device<slot>_uuid=GPU-...  (MIG-... for a share inside a MIG instance)
+    device<slot>_compute=process|device|gpm|unthrottled
 
 `process`: NVML per-process utilisation (normal); `device`: the card's utilisation (the driver has no per-process
-figures); `unthrottled`: no measure at all, so the compute limit is not enforced. No file means `process`.
+figures); `gpm`: a MIG instance's GPM SM utilisation (inside MIG on Hopper and later, normal there); `unthrottled`:
+no measure at all, so the compute limit is not enforced. No file means `process`.
 
 The agent reads it through `/proc/<host pid>/root/dev/shm`, for one of the container's own PIDs. The directory is
 the container's to write, so everything is bounded (PIDs tried, names listed, files read, bytes per file), the path
@@ -30,9 +31,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-MODES = ("process", "device", "unthrottled")
+MODES = ("process", "device", "gpm", "unthrottled")
 _NAME = re.compile(r"^vcuda-v[0-9]{1,4}-[0-9a-f]{1,32}-[0-9a-f]{1,32}\.status$")
-_UUID = re.compile(r"^GPU-[0-9a-fA-F-]{8,64}$")
+_UUID = re.compile(r"^(GPU|MIG)-[0-9a-fA-F-]{8,64}$")
 _KEY = re.compile(r"^device([0-9]{1,2})_(uuid|compute)$")
 MAX_PIDS = 4
 MAX_ENTRIES = 512
@@ -109,7 +110,7 @@ class ShimStatusReader:
         for uuid, mode in sorted(modes.items()):
             key = (container_id, uuid, mode)
             with self._lock:  # scrapes run on several threads: one line each, not one per thread
-                if mode == "process" or key in self._logged or len(self._logged) >= MAX_LOGGED:
+                if mode in ("process", "gpm") or key in self._logged or len(self._logged) >= MAX_LOGGED:
                     continue
                 self._logged.add(key)
             if mode == "unthrottled":

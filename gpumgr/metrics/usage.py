@@ -21,6 +21,7 @@ from gpumgr.devices.backend import Backend
 from gpumgr.devices.types import GPUStatus
 from gpumgr.metrics.shim_status import ShimStatusReader
 from gpumgr.node.cgroups import CgroupReader, qos_of
+from gpumgr.node.limits import container_limits
 from gpumgr.node.state import NodeState
 from gpumgr.requests.choices import Cordon
 
@@ -119,7 +120,20 @@ class UsageReader:
             verified=a.verified, created=float(a.created) if a.created is not None else None,
             container_id=container_id, pids=pids, pids_error=pids_error, use=use,
             compute_modes=self.shim.modes(pids, container_id) if pids else {},
+            compute_enforcement=self._enforcement(a, pod),
         )
+
+    def _enforcement(self, a: Allocation, pod: Mapping[str, Any] | None) -> dict[str, str]:
+        """Device UUID -> how its compute limit is enforced (process, gpm, none), as the container's limits say;
+        {} when the container has no compute limit (whole cards or instances)."""
+        if not 0 < a.cores < HUNDRED:
+            return {}
+        try:
+            limits = container_limits(self.state.inventory, self.state.memory_unit_mib, a, pod or {})
+        except (IndexError, ValueError) as e:  # an allocation naming a card the inventory lacks: nothing to say
+            log.debug("limits of %s: %s", a.key, e)
+            return {}
+        return {d.uuid: d.compute for d in limits.devices}
 
 
 def _processes(status: GPUStatus) -> dict[int, ProcessFigures]:
@@ -174,6 +188,7 @@ class HolderSnapshot:
     pids_error: str
     use: dict[int, CardUse] = field(default_factory=dict)  # card index -> usage, for cards whose status is known
     compute_modes: dict[str, str] = field(default_factory=dict)  # card UUID -> how the shim measures (shim_status)
+    compute_enforcement: dict[str, str] = field(default_factory=dict)  # device UUID -> process|gpm|none (limits)
 
     @property
     def memory_bytes(self) -> int:

@@ -75,6 +75,7 @@ def _holder(h: HolderSnapshot) -> dict[str, Any]:
         "request_memory_mib": h.request_memory_mib, "verified": h.verified, "created": h.created,
         "container_id": h.container_id or None, "pids": list(h.pids), "pids_error": h.pids_error or None,
         "compute_modes": dict(sorted(h.compute_modes.items())),  # card UUID -> how the shim measures, if it said
+        "compute_enforcement": dict(sorted(h.compute_enforcement.items())),  # device UUID -> process|gpm|none
         "usage": {
             "per_card": [
                 {"gpu": i, "used_memory_mib": round(u.memory_bytes / MIB, 1), "utilization": u.sm_util}

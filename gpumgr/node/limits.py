@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpumgr.allocator import HUNDRED, Allocation
+from gpumgr.devices.arch import compute_enforcement
 from gpumgr.devices.types import Inventory
 from gpumgr.node import binding
 from gpumgr.vdevice.limits import DeviceLimit, Limits
@@ -20,6 +21,21 @@ def bus_ids(inventory: Inventory, cards: Iterable[int]) -> frozenset[str]:
 def container_limits(inventory: Inventory, memory_unit_mib: int, alloc: Allocation,
                      pod: Mapping[str, Any]) -> Limits:
     """A container's own limits, from what it asks (its allocation may reserve more for a reusing container)."""
+    return with_compute(inventory, _limits(inventory, memory_unit_mib, alloc, pod), mig=alloc.mig is not None)
+
+
+def with_compute(inventory: Inventory, limits: Limits, mig: bool) -> Limits:
+    """Say per device how its compute limit is enforced. Inside a MIG instance (`mig`: the allocation lives in one;
+    or a device named by its MIG UUID) NVML has no per-process utilisation: `gpm` when the card (`index`) has GPM,
+    else `none`; a card or a share of one is `process`."""
+    devices = tuple(
+        replace(d, compute=compute_enforcement(inventory.gpus[d.index], mig or d.uuid.startswith("MIG-")))
+        if 0 <= d.index < inventory.count else d
+        for d in limits.devices)
+    return replace(limits, devices=devices)
+
+
+def _limits(inventory: Inventory, memory_unit_mib: int, alloc: Allocation, pod: Mapping[str, Any]) -> Limits:
     gpus = [inventory.gpus[c] for c in alloc.cards]
     ask = binding.find_container(pod, alloc.container)
     if ask is not None and ask.cores == alloc.cores and alloc.cores < HUNDRED:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17gpumgr/pb/vdevice.proto\x12\x11gpumgr.vdevice.v1\"n\n\x0fRegisterRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontainer_name\x18\x02 \x01(\t\x12\x14\n\x0c\x63ontainer_id\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x0f\n\x07\x62us_ids\x18\x05 \x03(\t\"F\n\x0b\x44\x65viceLimit\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x1a\n\x12memory_limit_bytes\x18\x03 \x01(\x04\"\x93\x01\n\x10RegisterResponse\x12/\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x1e.gpumgr.vdevice.v1.DeviceLimit\x12\x12\n\ncore_limit\x18\x02 \x01(\x05\x12\x12\n\nhard_limit\x18\x03 \x01(\x08\x12\x14\n\x0c\x63ore_ceiling\x18\x04 \x01(\x05\x12\x10\n\x08host_pid\x18\x05 \x01(\x05\x32`\n\x07VDevice\x12U\n\x08Register\x12\".gpumgr.vdevice.v1.RegisterRequest\x1a#.gpumgr.vdevice.v1.RegisterResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17gpumgr/pb/vdevice.proto\x12\x11gpumgr.vdevice.v1\"n\n\x0fRegisterRequest\x12\x0f\n\x07pod_uid\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontainer_name\x18\x02 \x01(\t\x12\x14\n\x0c\x63ontainer_id\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x0f\n\x07\x62us_ids\x18\x05 \x03(\t\"W\n\x0b\x44\x65viceLimit\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x1a\n\x12memory_limit_bytes\x18\x03 \x01(\x04\x12\x0f\n\x07\x63ompute\x18\x04 \x01(\t\"\x93\x01\n\x10RegisterResponse\x12/\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x1e.gpumgr.vdevice.v1.DeviceLimit\x12\x12\n\ncore_limit\x18\x02 \x01(\x05\x12\x12\n\nhard_limit\x18\x03 \x01(\x08\x12\x14\n\x0c\x63ore_ceiling\x18\x04 \x01(\x05\x12\x10\n\x08host_pid\x18\x05 \x01(\x05\x32`\n\x07VDevice\x12U\n\x08Register\x12\".gpumgr.vdevice.v1.RegisterRequest\x1a#.gpumgr.vdevice.v1.RegisterResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,9 +34,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERREQUEST']._serialized_start=46
   _globals['_REGISTERREQUEST']._serialized_end=156
   _globals['_DEVICELIMIT']._serialized_start=158
-  _globals['_DEVICELIMIT']._serialized_end=228
-  _globals['_REGISTERRESPONSE']._serialized_start=231
-  _globals['_REGISTERRESPONSE']._serialized_end=378
-  _globals['_VDEVICE']._serialized_start=380
-  _globals['_VDEVICE']._serialized_end=476
+  _globals['_DEVICELIMIT']._serialized_end=245
+  _globals['_REGISTERRESPONSE']._serialized_start=248
+  _globals['_REGISTERRESPONSE']._serialized_end=395
+  _globals['_VDEVICE']._serialized_start=397
+  _globals['_VDEVICE']._serialized_end=493
 # @@protoc_insertion_point(module_scope)

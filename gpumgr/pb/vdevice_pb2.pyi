@@ -63,20 +63,27 @@ class DeviceLimit(_message.Message):
     UUID_FIELD_NUMBER: _builtins.int
     INDEX_FIELD_NUMBER: _builtins.int
     MEMORY_LIMIT_BYTES_FIELD_NUMBER: _builtins.int
+    COMPUTE_FIELD_NUMBER: _builtins.int
     uuid: _builtins.str
     index: _builtins.int
     memory_limit_bytes: _builtins.int
     """0 = no limit (whole card)"""
+    compute: _builtins.str
+    """How the compute limit is enforced on this device: "process" (NVML per-process utilisation), "gpm" (inside a
+    MIG instance: GPM per-instance SM utilisation, Hopper and later), "none" (inside a MIG instance on a card
+    without GPM: not enforced). Empty from an older agent: "process". An older shim skips the field.
+    """
     def __init__(
         self,
         *,
         uuid: _builtins.str = ...,
         index: _builtins.int = ...,
         memory_limit_bytes: _builtins.int = ...,
+        compute: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "memory_limit_bytes", b"memory_limit_bytes", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compute", b"compute", "index", b"index", "memory_limit_bytes", b"memory_limit_bytes", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -8,6 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 FORMAT_VERSION = 1
+# How a device's compute limit is enforced (see docs/mig.md, "Limits inside an instance"):
+#   process  NVML per-process utilisation (a card, or a share of one)
+#   gpm      GPM per-instance SM utilisation (a share inside a MIG instance on Hopper and later)
+#   none     nothing to measure by (a share inside a MIG instance on a card without GPM): not enforced
+COMPUTE_MODES = ("process", "gpm", "none")
 
 
 @dataclass(frozen=True)
@@ -15,6 +20,7 @@ class DeviceLimit:
     uuid: str
     index: int
     memory_limit_bytes: int  # 0 = no cap (whole card)
+    compute: str = "process"  # one of COMPUTE_MODES; absent from an older agent's file or answer: process
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,7 @@ class Limits:
         ]
         for i, d in enumerate(self.devices):
             lines += [f"device{i}_uuid={d.uuid}", f"device{i}_index={d.index}",
-                      f"device{i}_memory_limit={d.memory_limit_bytes}"]
+                      f"device{i}_memory_limit={d.memory_limit_bytes}", f"device{i}_compute={d.compute}"]
         return "\n".join(lines) + "\n"
 
     @classmethod
@@ -54,12 +60,19 @@ class Limits:
         n = int(kv.get("device_count", "0"))
         devices = tuple(
             DeviceLimit(uuid=kv[f"device{i}_uuid"], index=int(kv.get(f"device{i}_index", "0")),
-                        memory_limit_bytes=int(kv.get(f"device{i}_memory_limit", "0")))
+                        memory_limit_bytes=int(kv.get(f"device{i}_memory_limit", "0")),
+                        compute=_compute(kv.get(f"device{i}_compute", "process")))
             for i in range(n)
         )
         return cls(pod_uid=kv.get("pod_uid", ""), container_name=kv.get("container_name", ""),
                    core_limit=int(kv.get("core_limit", "0")), hard_limit=kv.get("hard_limit", "1") == "1",
                    core_ceiling=int(kv.get("core_ceiling", "0")), devices=devices)
+
+
+def _compute(value: str) -> str:
+    if value not in COMPUTE_MODES:
+        raise ValueError(f"compute must be one of {', '.join(COMPUTE_MODES)}, got {value[:20]!r}")
+    return value
 
 
 def _strip_comment(line: str) -> str:

@@ -130,8 +130,8 @@ class _Servicer(pb_grpc.VDeviceServicer):
         log.info("vDevice registration: pod %s container %s pid %d (host %d)", lim.pod_uid, lim.container_name,
                  request.pid, hpid)
         return pb.RegisterResponse(
-            devices=[pb.DeviceLimit(uuid=d.uuid, index=d.index, memory_limit_bytes=d.memory_limit_bytes)
-                     for d in lim.devices],
+            devices=[pb.DeviceLimit(uuid=d.uuid, index=d.index, memory_limit_bytes=d.memory_limit_bytes,
+                                    compute=d.compute) for d in lim.devices],
             core_limit=lim.core_limit, hard_limit=lim.hard_limit, core_ceiling=lim.core_ceiling, host_pid=hpid,
         )
 

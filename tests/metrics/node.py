@@ -57,7 +57,7 @@ class SimNode:
 
     async def place(self, pod: str, container: str, cards: tuple[int, ...], cores: int, memory_mib: int,
                     pids: list[int], qos: str = "burstable", namespace: str = "ml", verified: bool = True,
-                    running: bool = True, created: int = 1700000000) -> str:
+                    running: bool = True, created: int = 1700000000, mig: str | None = None) -> str:
         """A pod's container holding `cards`, its cgroup holding `pids`. Returns the allocation key."""
         self.count += 1
         uid = self.uids.setdefault(pod, ct.pod_uid(self.count))
@@ -73,7 +73,7 @@ class SimNode:
             ct.add_container(self.base, self.driver, self.runtime, qos, uid, cid, pids)
         key = f"{uid}/{container}"
         holder = ContainerHolder(pod_uid=uid, namespace=namespace, pod=pod, container=container)
-        alloc = Allocation(key, cards, cores, memory_mib, holder, verified=verified, created=created)
+        alloc = Allocation(key, cards, cores, memory_mib, holder, verified=verified, created=created, mig=mig)
         await self.state.commit(lambda led: led.assign(alloc))
         return key
 

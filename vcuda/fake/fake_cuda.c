@@ -97,7 +97,7 @@ static int parse_visible(void)
         while (*tok == ' ')
             tok++;
         int found = -1;
-        if (strncmp(tok, "GPU-", 4) == 0) {
+        if (strncmp(tok, "GPU-", 4) == 0 || strncmp(tok, "MIG-", 4) == 0) {
             for (int i = 0; i < s->ndev; i++)
                 if (strncmp(s->dev[i].uuid, tok, strlen(tok)) == 0)
                     found = i;

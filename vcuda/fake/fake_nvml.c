@@ -1,7 +1,15 @@
 /* Fake libnvidia-ml.so.1 over the simulated node in fake_state.c: memory of
  * each device, the processes using it, and per-process SM utilisation per
  * sampling period, as the real NVML reports them. NVML sees every device of
- * the node (it ignores CUDA_VISIBLE_DEVICES, as the real one does). */
+ * the node (it ignores CUDA_VISIBLE_DEVICES, as the real one does).
+ *
+ * MIG: a device of the state whose UUID is "MIG-..." and that names a parent
+ * card and GPU instance ID is a MIG device (its own timeline: an instance's
+ * SMs are its own). Its handle answers IsMigDeviceHandle, GetGpuInstanceId
+ * and GetDeviceHandleFromMigDeviceHandle; the parent card is a handle of its
+ * own (found by its UUID), not counted as a CUDA device. Per-process and
+ * device utilisation are NOT_SUPPORTED on MIG handles, as on a real
+ * MIG-enabled card. GPM (fake_gpm.inc) is there on Hopper and later. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -17,11 +25,16 @@ struct nvdev {
     int index;
 };
 
+#define PARENT_BASE 1000 /* a parent card's nvdev index: PARENT_BASE + its number */
+
 static struct {
     pthread_mutex_t mu;
     struct fg_shared *s;
     int refs;
     struct nvdev devs[FG_MAX_DEV];
+    struct nvdev parents[FG_MAX_DEV]; /* cards holding the MIG devices of the state */
+    int nparents;
+    int parent_of[FG_MAX_DEV];       /* per device: its parent's number, -1 when not a MIG device */
     int no_proc_util; /* FAKEGPU_NVML_PROC_UTIL=unsupported: per-process utilisation NOT_SUPPORTED */
     int no_dev_util;  /* FAKEGPU_NVML_DEV_UTIL=unsupported: device utilisation NOT_SUPPORTED */
     int no_handles;   /* FAKEGPU_NVML_HANDLES=unsupported: this process's NVML finds no device by UUID */
@@ -44,6 +57,21 @@ static nvmlReturn_t init(void)
     }
     for (int i = 0; i < FG_MAX_DEV; i++)
         N.devs[i].index = i;
+    N.nparents = 0;
+    for (int i = 0; i < N.s->ndev && i < FG_MAX_DEV; i++) {
+        N.parent_of[i] = -1;
+        if (!N.s->dev[i].parent[0] || strncmp(N.s->dev[i].uuid, "MIG-", 4) != 0)
+            continue;
+        int found = -1;
+        for (int j = 0; j < i; j++)
+            if (N.parent_of[j] >= 0 && strcmp(N.s->dev[j].parent, N.s->dev[i].parent) == 0)
+                found = N.parent_of[j];
+        if (found < 0) {
+            found = N.nparents++;
+            N.parents[found].index = PARENT_BASE + found;
+        }
+        N.parent_of[i] = found;
+    }
     N.no_proc_util = unsupported("FAKEGPU_NVML_PROC_UTIL");
     N.no_dev_util = unsupported("FAKEGPU_NVML_DEV_UTIL");
     N.no_handles = unsupported("FAKEGPU_NVML_HANDLES");
@@ -100,6 +128,29 @@ static int dev_index(nvmlDevice_t d)
     return x->index;
 }
 
+/* A parent card's number, -1 if d is not a parent handle. */
+static int parent_index(nvmlDevice_t d)
+{
+    struct nvdev *x = (struct nvdev *)d;
+    if (!x || x < &N.parents[0] || x >= &N.parents[FG_MAX_DEV] || x - &N.parents[0] >= N.nparents)
+        return -1;
+    return (int)(x - &N.parents[0]);
+}
+
+/* The first MIG device of parent card p (its UUID and architecture are the card's). */
+static int first_child(int p)
+{
+    for (int i = 0; i < N.s->ndev; i++)
+        if (N.parent_of[i] == p)
+            return i;
+    return -1;
+}
+
+static int is_mig(int i)
+{
+    return i >= 0 && N.parent_of[i] >= 0;
+}
+
 API nvmlReturn_t nvmlSystemGetDriverVersion(char *buf, unsigned int len)
 {
     NEED_INIT();
@@ -145,18 +196,68 @@ API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
             return NVML_SUCCESS;
         }
     }
+    for (int p = 0; p < N.nparents; p++) {
+        if (strcmp(N.s->dev[first_child(p)].parent, uuid) == 0) {
+            *d = (nvmlDevice_t)&N.parents[p];
+            return NVML_SUCCESS;
+        }
+    }
     return NVML_ERROR_NOT_FOUND;
 }
 
 API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *buf, unsigned int len)
 {
     NEED_INIT();
-    int i = dev_index(d);
-    if (i < 0 || !buf)
+    int i = dev_index(d), p = parent_index(d);
+    if ((i < 0 && p < 0) || !buf)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (strlen(N.s->dev[i].uuid) + 1 > len)
+    const char *u = i >= 0 ? N.s->dev[i].uuid : N.s->dev[first_child(p)].parent;
+    if (strlen(u) + 1 > len)
         return NVML_ERROR_INSUFFICIENT_SIZE;
-    snprintf(buf, len, "%s", N.s->dev[i].uuid);
+    snprintf(buf, len, "%s", u);
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *isMig)
+{
+    NEED_INIT();
+    int i = dev_index(d), p = parent_index(d);
+    if ((i < 0 && p < 0) || !isMig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *isMig = is_mig(i) ? 1u : 0u;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig, nvmlDevice_t *parent)
+{
+    NEED_INIT();
+    int i = dev_index(mig);
+    if (!is_mig(i) || !parent)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *parent = (nvmlDevice_t)&N.parents[N.parent_of[i]];
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id)
+{
+    NEED_INIT();
+    int i = dev_index(d);
+    if (i < 0 || !id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!is_mig(i))
+        return NVML_ERROR_NOT_SUPPORTED; /* not a MIG device */
+    *id = (unsigned int)N.s->dev[i].gi_id;
+    return NVML_SUCCESS;
+}
+
+API nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t d, unsigned int *arch)
+{
+    NEED_INIT();
+    int i = dev_index(d), p = parent_index(d);
+    if ((i < 0 && p < 0) || !arch)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int a = N.s->dev[i >= 0 ? i : first_child(p)].arch;
+    *arch = a > 0 ? (unsigned int)a : 0xffffffffu; /* NVML_DEVICE_ARCH_UNKNOWN */
     return NVML_SUCCESS;
 }
 
@@ -263,8 +364,8 @@ API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtil
     int i = dev_index(d);
     if (i < 0 || !count)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (N.no_proc_util)
-        return NVML_ERROR_NOT_SUPPORTED; /* some drivers and vGPU guests */
+    if (N.no_proc_util || is_mig(i))
+        return NVML_ERROR_NOT_SUPPORTED; /* some drivers and vGPU guests; MIG devices */
     struct fg_shared *s = N.s;
     uint64_t P = s->period_ns;
     int64_t done = (int64_t)(fg_now_ns() / P); /* periods < done are complete */
@@ -314,7 +415,7 @@ API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t
     int i = dev_index(d);
     if (i < 0 || !u)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (N.no_dev_util)
+    if (N.no_dev_util || is_mig(i))
         return NVML_ERROR_NOT_SUPPORTED;
     uint64_t P = N.s->period_ns;
     int64_t per = (int64_t)(fg_now_ns() / P) - 1;
@@ -329,3 +430,5 @@ API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t
     u->memory = 0;
     return NVML_SUCCESS;
 }
+
+#include "fake_gpm.inc"

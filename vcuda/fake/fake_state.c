@@ -38,7 +38,17 @@ static uint64_t parse_size(const char *s)
     return v;
 }
 
-/* devices: "UUID:SIZE:SMS[:NAME];..." */
+static int parse_arch(const char *s)
+{
+    static const char *names[] = {"", "", "kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper",
+                                  "blackwell"};
+    for (int i = 2; i < (int)(sizeof(names) / sizeof(names[0])); i++)
+        if (strcmp(s, names[i]) == 0)
+            return i;
+    return atoi(s);
+}
+
+/* devices: see fake_state.h */
 int fg_create(const char *path, const char *devices, uint64_t period_ns, uint64_t ctx_bytes, int driver_version)
 {
     int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
@@ -68,10 +78,10 @@ int fg_create(const char *path, const char *devices, uint64_t period_ns, uint64_
     char *save = NULL;
     for (char *tok = strtok_r(buf, ";", &save); tok && s->ndev < FG_MAX_DEV; tok = strtok_r(NULL, ";", &save)) {
         struct fg_dev *d = &s->dev[s->ndev];
-        char *f[4] = {0};
+        char *f[7] = {0};
         int n = 0;
         char *save2 = NULL;
-        for (char *p = strtok_r(tok, ":", &save2); p && n < 4; p = strtok_r(NULL, ":", &save2))
+        for (char *p = strtok_r(tok, ":", &save2); p && n < 7; p = strtok_r(NULL, ":", &save2))
             f[n++] = p;
         if (n < 3) {
             munmap(s, sizeof(*s));
@@ -81,6 +91,11 @@ int fg_create(const char *path, const char *devices, uint64_t period_ns, uint64_
         d->total = parse_size(f[1]);
         d->sms = atoi(f[2]);
         snprintf(d->name, sizeof(d->name), "%s", n > 3 ? f[3] : "Fake GPU");
+        d->arch = n > 4 ? parse_arch(f[4]) : 0;
+        if (n > 6) {
+            snprintf(d->parent, sizeof(d->parent), "%s", f[5]);
+            d->gi_id = atoi(f[6]);
+        }
         for (int b = 0; b < FG_BUCKETS; b++)
             d->buckets[b].period = -1;
         s->ndev++;
@@ -242,9 +257,9 @@ uint64_t fg_busy_ns(struct fg_shared *s, int d, int p, uint64_t t0, uint64_t t1)
 
 int fg_parse_uuid(const char *text, unsigned char out[16])
 {
-    /* GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx */
+    /* GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (or MIG-...: a MIG instance's UUID, the same 16 bytes) */
     const char *p = text;
-    if (strncmp(p, "GPU-", 4) == 0)
+    if (strncmp(p, "GPU-", 4) == 0 || strncmp(p, "MIG-", 4) == 0)
         p += 4;
     int n = 0;
     while (*p && n < 32) {

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #define FG_MAGIC 0x46475055u /* "FGPU" */
-#define FG_VERSION 4u
+#define FG_VERSION 5u
 #define FG_MAX_DEV 4
 #define FG_MAX_PROC 320 /* a container of 257+ processes (the shim's slot limit) */
 #define FG_BUCKETS 512 /* 25.6 s of history at 50 ms periods */
@@ -26,6 +26,9 @@ struct fg_dev {
     uint64_t total;      /* bytes of the physical pool */
     uint64_t used;       /* bytes taken from the pool (allocations + contexts) */
     int32_t sms;
+    int32_t arch;        /* NVML architecture (nvmlDeviceArchitecture_t; 0 = not said) */
+    char parent[64];     /* a MIG instance (uuid "MIG-..."): its card's UUID, else "" */
+    int32_t gi_id;       /* a MIG instance: its GPU instance ID */
     int32_t pad;
     uint64_t busy_until; /* end of the last piece of work on the timeline (ns, CLOCK_MONOTONIC) */
     struct fg_bucket buckets[FG_BUCKETS];
@@ -55,6 +58,7 @@ struct fg_shared {
 
 /* Map the state named by FAKEGPU_STATE (or `path` when not NULL). */
 struct fg_shared *fg_attach(const char *path);
+/* devices: "UUID:SIZE:SMS[:NAME[:ARCH[:PARENT_UUID:GI_ID]]];..." (ARCH: ampere, hopper, ... or a number) */
 int fg_create(const char *path, const char *devices, uint64_t period_ns, uint64_t ctx_bytes, int driver_version);
 void fg_lock(struct fg_shared *s);
 void fg_unlock(struct fg_shared *s);

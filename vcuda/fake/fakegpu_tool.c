@@ -1,6 +1,7 @@
 /* fakegpu: test helper for the simulated node.
  *   fakegpu init STATE DEVICES [PERIOD_MS] [CTX_BYTES] [DRIVER_VERSION]
- *       DEVICES = "UUID:SIZE:SMS[:NAME];..." (SIZE in bytes, or with M/G)
+ *       DEVICES = "UUID:SIZE:SMS[:NAME[:ARCH[:PARENT_UUID:GI_ID]]];..." (SIZE in bytes, or with M/G;
+ *       a "MIG-..." UUID with a parent and GI ID is a MIG instance of that card)
  *   fakegpu busy STATE DEV T0_NS T1_NS PID...   busy share (percent) of the PIDs on DEV in [T0, T1)
  *   fakegpu now                                  CLOCK_MONOTONIC in ns
  *   fakegpu used STATE DEV                       bytes taken from DEV's pool */

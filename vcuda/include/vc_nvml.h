@@ -65,4 +65,45 @@ typedef struct nvmlUtilization_st {
     unsigned int memory;
 } nvmlUtilization_t;
 
+/* nvmlDeviceArchitecture_t values */
+#define NVML_DEVICE_ARCH_AMPERE 7
+#define NVML_DEVICE_ARCH_HOPPER 9
+
+/* GPM (GPU performance monitoring, Hopper and later): samples of counters,
+ * metrics computed from two of them. */
+typedef struct nvmlGpmSample_st *nvmlGpmSample_t;
+
+#define NVML_GPM_METRIC_GRAPHICS_UTIL 1
+#define NVML_GPM_METRIC_SM_UTIL 2
+#define NVML_GPM_METRIC_SM_OCCUPANCY 3
+#define NVML_GPM_METRIC_MAX 477 /* the array size of the NVML 13 header; older headers have fewer */
+#define NVML_GPM_METRICS_GET_VERSION 1
+#define NVML_GPM_SUPPORT_VERSION 1
+
+typedef struct {
+    char *shortName;
+    char *longName;
+    char *unit;
+} nvmlGpmMetricInfo_t;
+
+typedef struct {
+    unsigned int metricId;     /* IN */
+    nvmlReturn_t nvmlReturn;   /* OUT: this metric's status */
+    double value;              /* OUT */
+    nvmlGpmMetricInfo_t metricInfo; /* OUT */
+} nvmlGpmMetric_t;
+
+typedef struct {
+    unsigned int version;      /* IN: NVML_GPM_METRICS_GET_VERSION */
+    unsigned int numMetrics;   /* IN */
+    nvmlGpmSample_t sample1;   /* IN */
+    nvmlGpmSample_t sample2;   /* IN */
+    nvmlGpmMetric_t metrics[NVML_GPM_METRIC_MAX];
+} nvmlGpmMetricsGet_t;
+
+typedef struct {
+    unsigned int version;           /* IN: NVML_GPM_SUPPORT_VERSION */
+    unsigned int isSupportedDevice; /* OUT */
+} nvmlGpmSupport_t;
+
 #endif

@@ -68,7 +68,15 @@
     X(nvmlDeviceGetUtilizationRates)                                                                   \
     X(nvmlDeviceGetComputeRunningProcesses_v3)                                                         \
     X(nvmlDeviceGetComputeRunningProcesses_v2)                                                         \
-    X(nvmlDeviceGetComputeRunningProcesses)
+    X(nvmlDeviceGetComputeRunningProcesses)                                                            \
+    X(nvmlDeviceIsMigDeviceHandle)                                                                     \
+    X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle)                                                    \
+    X(nvmlDeviceGetGpuInstanceId)                                                                      \
+    X(nvmlGpmQueryDeviceSupport)                                                                       \
+    X(nvmlGpmSampleAlloc)                                                                              \
+    X(nvmlGpmSampleFree)                                                                               \
+    X(nvmlGpmMigSampleGet)                                                                             \
+    X(nvmlGpmMetricsGet)
 
 enum vc_hook_id {
 #define VC_ENUM(name, base, ver, ptsz) VC_H_##name,

@@ -124,6 +124,22 @@ typedef ft_nvmlDeviceGetComputeRunningProcesses_v2 *pfn_nvmlDeviceGetComputeRunn
 typedef nvmlReturn_t ft_nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t, unsigned int *,
                                                                  nvmlProcessInfo_v1_t *);
 typedef ft_nvmlDeviceGetComputeRunningProcesses *pfn_nvmlDeviceGetComputeRunningProcesses;
+typedef nvmlReturn_t ft_nvmlDeviceIsMigDeviceHandle(nvmlDevice_t, unsigned int *);
+typedef ft_nvmlDeviceIsMigDeviceHandle *pfn_nvmlDeviceIsMigDeviceHandle;
+typedef nvmlReturn_t ft_nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t, nvmlDevice_t *);
+typedef ft_nvmlDeviceGetDeviceHandleFromMigDeviceHandle *pfn_nvmlDeviceGetDeviceHandleFromMigDeviceHandle;
+typedef nvmlReturn_t ft_nvmlDeviceGetGpuInstanceId(nvmlDevice_t, unsigned int *);
+typedef ft_nvmlDeviceGetGpuInstanceId *pfn_nvmlDeviceGetGpuInstanceId;
+typedef nvmlReturn_t ft_nvmlGpmQueryDeviceSupport(nvmlDevice_t, nvmlGpmSupport_t *);
+typedef ft_nvmlGpmQueryDeviceSupport *pfn_nvmlGpmQueryDeviceSupport;
+typedef nvmlReturn_t ft_nvmlGpmSampleAlloc(nvmlGpmSample_t *);
+typedef ft_nvmlGpmSampleAlloc *pfn_nvmlGpmSampleAlloc;
+typedef nvmlReturn_t ft_nvmlGpmSampleFree(nvmlGpmSample_t);
+typedef ft_nvmlGpmSampleFree *pfn_nvmlGpmSampleFree;
+typedef nvmlReturn_t ft_nvmlGpmMigSampleGet(nvmlDevice_t, unsigned int, nvmlGpmSample_t);
+typedef ft_nvmlGpmMigSampleGet *pfn_nvmlGpmMigSampleGet;
+typedef nvmlReturn_t ft_nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *);
+typedef ft_nvmlGpmMetricsGet *pfn_nvmlGpmMetricsGet;
 
 /* The exported hooks, declared with the driver's own signatures. */
 #define VC_DECLARE_HOOK(name, base, ver, ptsz) VC_EXPORT ft_##name name;

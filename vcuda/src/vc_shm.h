@@ -15,7 +15,7 @@
 #include "vc_common.h"
 
 #define VC_SHM_MAGIC 0x44554356u /* "VCUD" */
-#define VC_SHM_VERSION 3u
+#define VC_SHM_VERSION 4u
 #define VC_MAX_SLOTS 256
 
 struct vc_slot {
@@ -55,6 +55,14 @@ struct vc_throttle {
     _Atomic uint64_t added;               /* tokens ever added (to measure consumption) */
     _Atomic uint64_t ctrl_added;          /* `added` at the last controller step */
     _Atomic int64_t ctrl_tokens;          /* `tokens` at the last controller step */
+    /* GPM mode, a MIG instance shared with other containers: what the others
+     * use there, measured while the container's launches are held (a probe). */
+    _Atomic uint32_t probe;               /* 0 none, 1 launches held (draining), 2 baseline taken, 3 one figure */
+    _Atomic uint64_t probe_ns;            /* when the probe began */
+    _Atomic uint64_t others_idle;         /* the instance's figure while the container launched nothing, x1000;
+                                             UINT64_MAX: the probe failed */
+    _Atomic uint64_t others_idle_ns;      /* when measured (or failed), 0 = never */
+    _Atomic uint64_t probe_next_ns;       /* no new probe before this */
 };
 
 struct vc_shm {
@@ -73,7 +81,8 @@ struct vc_shm {
 enum vc_measure {
     VC_MEASURE_PROCESS = 0,  /* NVML per-process SM utilisation of the container's PIDs */
     VC_MEASURE_DEVICE = 1,   /* NVML device utilisation (per-process not supported) */
-    VC_MEASURE_NONE = 2      /* no measure: the limit is not enforced */
+    VC_MEASURE_NONE = 2,     /* no measure: the limit is not enforced */
+    VC_MEASURE_GPM = 3       /* a MIG instance: GPM per-instance SM utilisation (Hopper and later) */
 };
 
 /* Map (creating if needed) the region for this container. Falls back to a

@@ -140,9 +140,17 @@ static void format_uuid(const CUuuid *u, char *out, size_t cap)
              b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
 }
 
+/* CUDA reports a MIG instance's UUID as the same 16 bytes as its NVML
+ * "MIG-..." UUID; the shim formats every CUDA UUID as "GPU-...". So the
+ * "GPU-" and "MIG-" prefixes compare equal: the bytes name the device. */
+static const char *uuid_body(const char *u)
+{
+    return (strncasecmp(u, "GPU-", 4) == 0 || strncasecmp(u, "MIG-", 4) == 0) ? u + 4 : u;
+}
+
 static int uuid_eq(const char *a, const char *b)
 {
-    return strcasecmp(a, b) == 0;
+    return strcasecmp(uuid_body(a), uuid_body(b)) == 0;
 }
 
 static nvmlDevice_t nvml_handle_for(const char *uuid)
@@ -156,9 +164,15 @@ static nvmlDevice_t nvml_handle_for(const char *uuid)
         nvml_started = 1;
     }
     nvmlDevice_t h = NULL;
-    if (REAL_I(nvmlDeviceGetHandleByUUID)(uuid, &h) != NVML_SUCCESS)
-        return NULL;
-    return h;
+    if (REAL_I(nvmlDeviceGetHandleByUUID)(uuid, &h) == NVML_SUCCESS)
+        return h;
+    if (strncmp(uuid, "GPU-", 4) == 0) { /* CUDA's view of a MIG instance the limits did not name as one */
+        char mig[100];
+        snprintf(mig, sizeof(mig), "MIG-%s", uuid + 4);
+        if (REAL_I(nvmlDeviceGetHandleByUUID)(mig, &h) == NVML_SUCCESS)
+            return h;
+    }
+    return NULL;
 }
 
 /* Called with dev_mu held, after the real cuInit succeeded. */
@@ -188,6 +202,7 @@ static int map_devices(void)
             if (!taken[i] && l->dev[i].uuid[0] && vc.uuid[d][0] && uuid_eq(l->dev[i].uuid, vc.uuid[d])) {
                 vc.slot_of[d] = i;
                 taken[i] = 1;
+                snprintf(vc.uuid[d], sizeof(vc.uuid[d]), "%s", l->dev[i].uuid); /* MIG-... for an instance */
                 break;
             }
         }

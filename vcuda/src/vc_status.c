@@ -17,6 +17,8 @@ const char *vc_measure_name(unsigned mode)
         return "process";
     case VC_MEASURE_DEVICE:
         return "device";
+    case VC_MEASURE_GPM:
+        return "gpm";
     default:
         return "unthrottled";
     }

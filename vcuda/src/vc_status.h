@@ -4,8 +4,12 @@
  *
  *     version=1
  *     container_id=<64 hex, or empty>
- *     device<slot>_uuid=GPU-...
- *     device<slot>_compute=process|device|unthrottled
+ *     device<slot>_uuid=GPU-...   (MIG-... for a MIG instance)
+ *     device<slot>_compute=process|device|gpm|unthrottled
+ *
+ * gpm: a MIG instance measured by GPM per-instance samples; unthrottled: the
+ * compute limit is not enforced (nothing to measure by, e.g. a MIG instance
+ * on a card without GPM); memory is limited in every mode.
  */
 #ifndef VC_STATUS_H
 #define VC_STATUS_H

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "vc_hooks.h"
 #include "vc_log.h"
@@ -30,6 +31,16 @@ _Atomic uint64_t vc_cost_avg;
 #define RAMP_MAX 64.0                   /* step factor cap (before the square root) far below the target */
 #define SOFT_MARGIN 50                  /* per mille left free when borrowing */
 #define STALE_NS 1000000000ull          /* controller not stepped for 1 s: its state is stale */
+#define GPM_MIN_NS 100000000ull         /* GPM: at least 100 ms between two samples (NVML's refresh) */
+#define GPM_STEP_NS 105000000ull        /* GPM mode: controller step every 105 ms */
+#define GPM_OLD_NS 2000000000ull        /* a previous GPM sample older than 2 s is a baseline only */
+#define PROBE_DRAIN_NS 20000000ull      /* probe: launches held this long before the baseline sample */
+#define PROBE_MAX_NS 1000000000ull      /* probe: given up after 1 s (the container launches again) */
+#define PROBE_FRESH_NS 5000000000ull    /* what the others use is re-measured after 4-6 s while held back */
+#define PROBE_RETRY_NS 300000000ull     /* a probe that saw the others idle (maybe probing too): again in 0.3-1.5 s */
+#define PROBE_LEARN_NS 400000000ull     /* the others' figure stands for theirs this long after the probe */
+#define PROBE_BIAS 1.1                  /* a share learned by a probe is taken this much larger */
+#define PROBE_HOLD (INT64_MIN / 4)      /* tokens while a probe holds the container's launches */
 
 static struct {
     int target_x1000; /* the share */
@@ -39,6 +50,19 @@ static struct {
 } cfg;
 
 static atomic_int watcher_running;
+
+/* A MIG instance as this process's NVML sees it: GPM samples are taken on its
+ * card for its GPU instance. Process-local (sample buffers belong to this
+ * process's NVML); the controller step goes to whichever process of the
+ * container wins it, and each keeps its own previous sample. */
+static struct gpm_dev {
+    int mig;                /* the slot's device is a MIG instance */
+    nvmlDevice_t parent;    /* its card */
+    unsigned int gi;        /* its GPU instance ID */
+    nvmlGpmSample_t prev, cur;
+    uint64_t prev_ns;       /* when prev was taken, 0 = none */
+    uint64_t window_ns;     /* where the last figure's window began */
+} gpm[VC_MAX_DEV];
 
 static uint64_t now_ns(void)
 {
@@ -72,6 +96,9 @@ static void cold_reset(struct vc_throttle *t)
     atomic_store(&t->unit_x1e12, 0);
     atomic_store(&t->ramping, 0);
     atomic_store(&t->blind, 0);
+    atomic_store(&t->probe, 0);
+    atomic_store(&t->others_idle_ns, 0);
+    atomic_store(&t->probe_next_ns, 0);
 }
 
 static struct vc_throttle *attach(int slot, struct vc_shm *shm)
@@ -92,9 +119,53 @@ static struct vc_throttle *attach(int slot, struct vc_shm *shm)
     return t;
 }
 
+static void set_mode(int s, struct vc_throttle *t, unsigned from, unsigned to, const char *why);
+
+/* Is device slot s a MIG instance, and can its card give GPM samples for
+ * it? 1 GPM, 0 MIG without GPM, -1 not a MIG instance (or NVML cannot say). */
+static int probe_mig(int s)
+{
+    nvmlDevice_t h = vc.nvml[s];
+    unsigned int is_mig = 0, gi = 0;
+    if (!h || !REAL_I(nvmlDeviceIsMigDeviceHandle) || REAL_I(nvmlDeviceIsMigDeviceHandle)(h, &is_mig) != NVML_SUCCESS ||
+        !is_mig)
+        return -1;
+    gpm[s].mig = 1;
+    nvmlDevice_t parent = NULL;
+    if (!REAL_I(nvmlDeviceGetDeviceHandleFromMigDeviceHandle) || !REAL_I(nvmlDeviceGetGpuInstanceId) ||
+        REAL_I(nvmlDeviceGetDeviceHandleFromMigDeviceHandle)(h, &parent) != NVML_SUCCESS ||
+        REAL_I(nvmlDeviceGetGpuInstanceId)(h, &gi) != NVML_SUCCESS)
+        return 0;
+    nvmlGpmSupport_t sup = {.version = NVML_GPM_SUPPORT_VERSION, .isSupportedDevice = 0};
+    if (!REAL_I(nvmlGpmQueryDeviceSupport) || !REAL_I(nvmlGpmSampleAlloc) || !REAL_I(nvmlGpmMigSampleGet) ||
+        !REAL_I(nvmlGpmMetricsGet) || REAL_I(nvmlGpmQueryDeviceSupport)(parent, &sup) != NVML_SUCCESS ||
+        !sup.isSupportedDevice)
+        return 0;
+    if ((!gpm[s].prev && REAL_I(nvmlGpmSampleAlloc)(&gpm[s].prev) != NVML_SUCCESS) ||
+        (!gpm[s].cur && REAL_I(nvmlGpmSampleAlloc)(&gpm[s].cur) != NVML_SUCCESS))
+        return 0;
+    gpm[s].parent = parent;
+    gpm[s].gi = gi;
+    gpm[s].prev_ns = 0;
+    return 1;
+}
+
 void vc_throttle_enable(int slot, struct vc_shm *shm)
 {
-    attach(slot, shm);
+    struct vc_throttle *t = attach(slot, shm);
+    int m = probe_mig(slot);
+    unsigned cur = atomic_load(&t->mode);
+    if (m == 1 && cur != VC_MEASURE_GPM) {
+        set_mode(slot, t, cur, VC_MEASURE_GPM,
+                 "a MIG instance (no per-process utilisation inside MIG); its card has GPM");
+    } else if (m == 0 && cur != VC_MEASURE_NONE) {
+        atomic_store(&t->none_local, 0); /* not for lack of NVML: no process can measure it */
+        set_mode(slot, t, cur, VC_MEASURE_NONE,
+                 "a MIG instance on a card without GPM: no per-process, device or per-instance utilisation");
+    } else if (m == 0 && (atomic_fetch_or(&t->warned, 1u) & 1u) == 0) {
+        VC_WARN("device slot %d: a MIG instance on a card without GPM, so its compute limit is not enforced "
+                "(memory is still limited)", slot);
+    }
 }
 
 /* Change how device slot s is measured (once per change, by whichever
@@ -108,7 +179,9 @@ static void set_mode(int s, struct vc_throttle *t, unsigned from, unsigned to, c
     if (to == VC_MEASURE_NONE)
         atomic_store(&t->tokens, INT64_MAX / 2); /* release every waiting launch */
     vc_status_write(cfg.shm ? cfg.shm : vc.shm);
-    if (to == VC_MEASURE_DEVICE && (atomic_fetch_or(&t->warned, 2u) & 2u) == 0)
+    if (to == VC_MEASURE_GPM && (atomic_fetch_or(&t->warned, 4u) & 4u) == 0)
+        VC_INFO("device slot %d: %s; its compute limit is enforced from the instance's GPM SM utilisation", s, why);
+    else if (to == VC_MEASURE_DEVICE && (atomic_fetch_or(&t->warned, 2u) & 2u) == 0)
         VC_WARN("device slot %d: %s; its compute limit is enforced from the device's utilisation", s, why);
     else if (to == VC_MEASURE_NONE && (atomic_fetch_or(&t->warned, 1u) & 1u) == 0)
         VC_WARN("device slot %d: NVML reports no utilisation for it (%s), so its compute limit is not enforced "
@@ -142,11 +215,14 @@ void vc_throttle_unmeasurable(int slot, struct vc_shm *shm, int dev, const char 
 static uint64_t last_overhead[VC_MAX_DEV];
 static int unlisted_steps[VC_MAX_DEV]; /* see unlisted() */
 
+
 void vc_throttle_after_fork(void)
 {
     atomic_store(&watcher_running, 0); /* the parent's thread is not in the child */
     memset(last_overhead, 0, sizeof(last_overhead)); /* the parent's overhead is not the child's */
     memset(unlisted_steps, 0, sizeof(unlisted_steps));
+    for (int s = 0; s < VC_MAX_DEV; s++)
+        gpm[s].prev_ns = 0; /* the child's first sample is a baseline */
 }
 
 static void refill(struct vc_throttle *t, uint64_t now)
@@ -404,15 +480,9 @@ static int unlisted(int s, uint64_t own, int64_t spent)
     return ++unlisted_steps[s] >= 2;
 }
 
-/* Device mode: the card's utilisation stands for the container's own when no
- * other process runs on the card; while that holds, the limiter also learns
- * what share of the card one cost unit per second takes, and uses it to
- * estimate its own share once others arrive. Without that estimate it takes
- * the whole card's utilisation as its own: never more than its share.
- * Returns 0 with values, 1 if there is nothing new, -1 on a transient
- * error, -2 if unsupported. */
-static int sample_device(int s, struct vc_throttle *t, uint64_t now, double spent_rate, uint64_t *own,
-                         uint64_t *other)
+/* Device mode: the card's utilisation, x1000. Returns 0 with a value, 1 if
+ * there is nothing new, -1 on a transient error, -2 if unsupported. */
+static int card_util(int s, struct vc_throttle *t, uint64_t now, uint64_t *card)
 {
     pfn_nvmlDeviceGetUtilizationRates get = REAL_I(nvmlDeviceGetUtilizationRates);
     nvmlDevice_t h = vc.nvml[s];
@@ -426,14 +496,74 @@ static int sample_device(int s, struct vc_throttle *t, uint64_t now, double spen
         return -2;
     if (r != NVML_SUCCESS)
         return -1;
-    uint64_t card = (u.gpu > 100 ? 100 : u.gpu) * 10ull;
+    *card = (u.gpu > 100 ? 100 : u.gpu) * 10ull;
     /* NVML holds the figure for its whole sampling period (1/6 s to 1 s): the
      * same figure again is most likely the same sample, and stepping on it
      * twice would over-correct. Step when it changes, or after a second. */
     uint64_t changed = atomic_load(&t->dev_util_ns);
-    if (atomic_exchange(&t->dev_util, card) == card && changed && now - changed < SLOW_PERIOD_NS)
+    if (atomic_exchange(&t->dev_util, *card) == *card && changed && now - changed < SLOW_PERIOD_NS)
         return 1;
     atomic_store(&t->dev_util_ns, now);
+    return 0;
+}
+
+/* GPM mode: the MIG instance's SM utilisation between this process's
+ * previous GPM sample and a new one (at least GPM_MIN_NS apart). */
+static int gpm_util(int s, uint64_t now, uint64_t *inst)
+{
+    struct gpm_dev *g = &gpm[s];
+    if (!g->prev || !g->cur)
+        return -2;
+    if (g->prev_ns && now - g->prev_ns < GPM_MIN_NS)
+        return 1;
+    nvmlReturn_t r = REAL_I(nvmlGpmMigSampleGet)(g->parent, g->gi, g->cur);
+    if (r == NVML_ERROR_NOT_SUPPORTED)
+        return -2;
+    if (r != NVML_SUCCESS)
+        return -1;
+    uint64_t before = g->prev_ns;
+    nvmlGpmSample_t x = g->prev; /* the new sample is the next one's baseline */
+    g->prev = g->cur;
+    g->cur = x;
+    g->prev_ns = now;
+    if (!before || now - before > GPM_OLD_NS)
+        return 1; /* no recent baseline: this sample is one */
+    static nvmlGpmMetricsGet_t m; /* ~15 KiB: not on the stack; only the watcher thread steps the controller */
+    memset(&m, 0, sizeof(m));
+    m.version = NVML_GPM_METRICS_GET_VERSION;
+    m.numMetrics = 1;
+    m.sample1 = g->cur; /* the older */
+    m.sample2 = g->prev;
+    m.metrics[0].metricId = NVML_GPM_METRIC_SM_UTIL;
+    r = REAL_I(nvmlGpmMetricsGet)(&m);
+    if (r == NVML_ERROR_NOT_SUPPORTED || (r == NVML_SUCCESS && m.metrics[0].nvmlReturn == NVML_ERROR_NOT_SUPPORTED))
+        return -2;
+    if (r != NVML_SUCCESS || m.metrics[0].nvmlReturn != NVML_SUCCESS)
+        return -1;
+    double v = m.metrics[0].value;
+    v = v < 0.0 ? 0.0 : (v > 100.0 ? 100.0 : v);
+    *inst = (uint64_t)(v * 10.0 + 0.5);
+    g->window_ns = before;
+    return 0;
+}
+
+/* Device and GPM modes: the card's (device mode) or the MIG instance's (GPM
+ * mode) utilisation stands for the container's own when no other process
+ * runs there; while that holds, the limiter also learns what share of the
+ * card or instance one cost unit per second takes (its own launch
+ * accounting), and uses it to estimate its own share once others arrive
+ * (several containers sharing one MIG instance, each with a fraction of it;
+ * there a container that never ran alone learns it by a probe, see
+ * probe_step()). Without that estimate it takes the whole utilisation as its
+ * own: never more than its share. Returns 0 with values, 1 if there is nothing new, -1 on a
+ * transient error, -2 if unsupported. */
+static int sample_device(int s, struct vc_throttle *t, uint64_t now, double spent_rate, uint64_t *own,
+                         uint64_t *other)
+{
+    uint64_t card = 0;
+    int rc = atomic_load(&t->mode) == VC_MEASURE_GPM ? gpm_util(s, now, &card) : card_util(s, t, now, &card);
+    if (rc != 0)
+        return rc;
     int foreign = others_running(s);
     double unit = (double)atomic_load(&t->unit_x1e12) / 1e12;
     if (foreign == 0) {
@@ -446,10 +576,111 @@ static int sample_device(int s, struct vc_throttle *t, uint64_t now, double spen
         }
         return 0;
     }
+    if (atomic_load(&t->mode) == VC_MEASURE_GPM) {
+        /* What the others used while this container's launches were held (a
+         * probe, see probe_step()) is theirs; for a while after it, the rest
+         * of the instance's figure is the container's own, and teaches it its
+         * share. A figure whose window reaches back into the probe is not used. */
+        uint64_t idle = atomic_load(&t->others_idle), at = atomic_load(&t->others_idle_ns);
+        if (at && now - at < PROBE_LEARN_NS && idle != UINT64_MAX) {
+            if (gpm[s].window_ns < at || card < idle + 20)
+                return 1; /* reaches back into the probe, or the others' figure is all there is: no step */
+            *own = card - idle;
+            *other = card - *own;
+            if (spent_rate > 0 && *own >= 20 && *own <= 950) {
+                /* Taken 10 % high, up at once, down slowly: a share learned too
+                 * large holds the container a little below its limit, one
+                 * learned too small would let it above (the others' figure may
+                 * have grown since the probe; GPM lags the launches). */
+                double k = (double)*own / 1000.0 / spent_rate * PROBE_BIAS;
+                unit = unit <= 0 || k > unit ? k : unit * 0.9 + k * 0.1;
+                atomic_store(&t->unit_x1e12, (uint64_t)(unit * 1e12));
+            }
+            return 0;
+        }
+        int held = atomic_load(&t->throttled) != 0;
+        if (unit <= 0 && (spent_rate > 0 || held) && now >= atomic_load(&t->probe_next_ns)) {
+            uint32_t none = 0;
+            if (atomic_compare_exchange_strong(&t->probe, &none, 1)) {
+                atomic_store(&t->probe_ns, now);
+                atomic_store(&t->tokens, PROBE_HOLD); /* hold the container's launches */
+                VC_DEBUG("slot %d: others run in the MIG instance: probing what they use", s);
+            }
+        }
+    }
     double est = unit > 0 && spent_rate > 0 ? unit * spent_rate * 1000.0 : (double)card;
     *own = est < (double)card ? (uint64_t)est : card;
     *other = card - *own;
     return 0;
+}
+
+/* base + a pseudo-random part of span (differs between processes and calls). */
+static uint64_t jitter(uint64_t base, uint64_t span)
+{
+    uint64_t x = now_ns() ^ ((uint64_t)getpid() << 32);
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return base + (span ? x % span : 0);
+}
+
+/* The probe of a container sharing a MIG instance with no learned share
+ * (started by sample_device()):
+ * its launches are held (PROBE_DRAIN_NS for what is queued to finish), a GPM
+ * baseline is taken, and the next sample's figure is what the others use.
+ * Then the launches go on. Returns 1 while the probe runs (no controller
+ * step), 0 when there is none. */
+static int probe_step(int s, struct vc_throttle *t, uint64_t now)
+{
+    uint32_t phase = atomic_load(&t->probe);
+    if (phase == 0)
+        return 0;
+    uint64_t began = atomic_load(&t->probe_ns);
+    uint64_t fig = 0;
+    int rc = 1;
+    uint64_t next = now + jitter(PROBE_FRESH_NS * 4 / 5, PROBE_FRESH_NS * 2 / 5);
+    if (now - began > PROBE_MAX_NS) {
+        atomic_store(&t->others_idle, UINT64_MAX);
+        rc = 0; /* give up: go on as without a probe, try again later */
+    } else if (phase == 1) {
+        if (now - began < PROBE_DRAIN_NS)
+            return 1;
+        gpm[s].prev_ns = 0; /* what this process sampled before includes the container's own work */
+        if (gpm_util(s, now, &fig) == 1)
+            atomic_store(&t->probe, 2);
+        return 1;
+    } else if ((rc = gpm_util(s, now, &fig)) == 0 && phase == 2) {
+        atomic_store(&t->others_idle, fig); /* the first figure; a second one must agree */
+        atomic_store(&t->probe, 3);
+        return 1;
+    } else if (rc == 0) {
+        /* The others' figure must be steady over two samples: a neighbour
+         * whose limiter reacts to this pause (it also counts the instance's
+         * figure as its own) would make it look larger than their use. And
+         * others idle while their processes are there may be probing at the
+         * same moment. Neither is a figure to learn from: again soon, at a
+         * time of this container's own. */
+        uint64_t first = atomic_load(&t->others_idle);
+        uint64_t diff = first > fig ? first - fig : fig - first;
+        int steady = diff <= 50 && fig >= 20;
+        atomic_store(&t->others_idle, steady ? (first < fig ? first : fig) : UINT64_MAX); /* the smaller: safe side */
+        if (!steady)
+            next = now + jitter(PROBE_RETRY_NS, PROBE_RETRY_NS * 4);
+        VC_DEBUG("slot %d: the others use %.1f%% then %.1f%% of the MIG instance%s", s, first / 10.0, fig / 10.0,
+                 steady ? "" : " (not steady: again later)");
+    } else {
+        return 1; /* no figure yet (or this process has no baseline): next step */
+    }
+    atomic_store(&t->probe_next_ns, next);
+    atomic_store(&t->others_idle_ns, now);
+    /* Launch again, from a clean account of what was spent. */
+    atomic_store(&t->tokens, 0);
+    atomic_store(&t->ctrl_added, atomic_load(&t->added));
+    atomic_store(&t->ctrl_tokens, 0);
+    atomic_store(&t->ctrl_ok_ns, now);
+    atomic_store(&t->throttled, 0);
+    atomic_store(&t->probe, 0);
+    return 1;
 }
 
 /* sqrt for f in [0.5, 64] without libm: Newton's method converges in a few steps. */
@@ -483,12 +714,14 @@ static void control(int s, struct vc_throttle *t, uint64_t now)
      * mode (device utilisation is always there, so it would step on old news). */
     int eager = mode == VC_MEASURE_PROCESS &&
                 (atomic_load(&t->ramping) || (atomic_load(&t->last_seen_ts) == 0 && atomic_load(&t->throttled)));
-    uint64_t gap = eager ? RAMP_PERIOD_NS : CTRL_PERIOD_NS - CTRL_PERIOD_NS / 10;
+    uint64_t gap = eager ? RAMP_PERIOD_NS : (mode == VC_MEASURE_GPM ? GPM_STEP_NS : CTRL_PERIOD_NS - CTRL_PERIOD_NS / 10);
     if (last && now - last < gap)
         return;
     if (!atomic_compare_exchange_strong(&t->ctrl_ns, &last, now))
         return; /* another process of the container steps this device */
     if (mode == VC_MEASURE_NONE)
+        return;
+    if (mode == VC_MEASURE_GPM && probe_step(s, t, now))
         return;
     /* What the container really spent since the last step (tokens added minus
      * the change in the bucket). */
@@ -522,10 +755,12 @@ static void control(int s, struct vc_throttle *t, uint64_t now)
             mode = VC_MEASURE_DEVICE;
         }
     }
-    if (mode == VC_MEASURE_DEVICE) {
+    if (mode == VC_MEASURE_DEVICE || mode == VC_MEASURE_GPM) {
         rc = sample_device(s, t, now, spent_rate, &own, &other);
         if (rc == -2) {
-            set_mode(s, t, mode, VC_MEASURE_NONE, "neither per-process nor device utilisation is supported");
+            set_mode(s, t, mode, VC_MEASURE_NONE,
+                     mode == VC_MEASURE_GPM ? "the card gives no GPM samples for the MIG instance"
+                                            : "neither per-process nor device utilisation is supported");
             return;
         }
     }

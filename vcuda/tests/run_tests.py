@@ -34,6 +34,7 @@ import cases_hardening  # noqa: E402,F401
 import cases_identity  # noqa: E402,F401
 import cases_liveness  # noqa: E402,F401
 import cases_memory  # noqa: E402,F401
+import cases_mig  # noqa: E402,F401
 import cases_procaddr  # noqa: E402,F401
 from harness import Fixture  # noqa: E402
 from registry import CASES, Case  # noqa: E402

@@ -15,6 +15,7 @@
  *   xid <gpu> <code> [<gi> <ci>] (on one MIG instance)     dbe <gpu> (double-bit ECC event, +1 volatile uncorrected)    ecc <gpu> <count>
  *   temp <gpu> <C>       lost <gpu>      back <gpu>      proc <gpu> <pid> <bytes> <sm %>   noproc <gpu> <pid>
  *   (a process's <bytes> may be 18446744073709551615, NVML's "value not available", as old drivers report)
+ * MIG records and commands: fake_nvml_mig.c; GPM (architecture, per-instance SM load): fake_nvml_gpm.c.
  * A control line of LINE_MAX_LEN - 1 characters or more (before its newline) is skipped whole.
  *
  * Older drivers lack newer entry points; build with -DNO_PROCS_V3, -DNO_PROCS_V2, -DNO_WAIT_V2,
@@ -97,6 +98,10 @@ static void mig_uuid(const struct ci *c, char *out, size_t cap);
 static unsigned long long ci_mem_mib(const struct ci *c);
 static const char *mig_name(const struct ci *c);
 static unsigned int mig_minor(const struct ci *c);
+/* GPM (fake_nvml_gpm.c, included at the end) */
+static void gpm_reset_state(void);
+static int gpm_spec_line(const char *key, const char *rest);
+static int gpm_command(const char *cmd, int g, const char *b, const char *c);
 
 enum { EV_DBE = 0x2, EV_XID = 0x8 };
 enum { LINK_NONE = 0, LINK_GPU, LINK_SWITCH, LINK_NPU };
@@ -193,7 +198,7 @@ static void apply_command(char *line)
     if (g < 0)
         return;
     struct gpu *p = &S.gpus[g];
-    if (mig_command(cmd, g, b, c, d))
+    if (mig_command(cmd, g, b, c, d) || gpm_command(cmd, g, b, c))
         return;
     if (!strcmp(cmd, "xid")) { /* xid <gpu> <code> [<gi> <ci>]: on one MIG instance */
         push_event_on(g, EV_XID, strtoull(b, NULL, 10), c[0] ? (unsigned int)atoi(c) : ~0U,
@@ -282,6 +287,7 @@ static nvmlReturn_t load_spec(void)
     copy_str(S.loaded, sizeof S.loaded, path);
     memset(S.gpus, 0, sizeof S.gpus);
     mig_reset_state();
+    gpm_reset_state();
     for (int i = 0; i < MAX_GPU; i++)
         for (int j = 0; j < MAX_GPU; j++)
             S.anc[i][j] = 50;
@@ -301,7 +307,7 @@ static nvmlReturn_t load_spec(void)
         if (sscanf(line, "%15s %n", key, &used) < 1)
             continue;
         const char *rest = line + used;
-        if (mig_spec_line(key, rest))
+        if (mig_spec_line(key, rest) || gpm_spec_line(key, rest))
             continue;
         if (!strcmp(key, "driver")) {
             copy_str(S.driver, sizeof S.driver, rest);
@@ -817,3 +823,4 @@ API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, 
 #endif
 
 #include "fake_nvml_mig.c"
+#include "fake_nvml_gpm.c"
