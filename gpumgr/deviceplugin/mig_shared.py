@@ -29,7 +29,7 @@ from gpumgr.deviceplugin import mig as whole
 from gpumgr.deviceplugin import response
 from gpumgr.mig.caps import CapsError, instance_nodes, read_minors
 from gpumgr.node.kubelet_checkpoint import KubeletCheckpointError, find_owners
-from gpumgr.node.limits import bus_ids
+from gpumgr.node.limits import bus_ids, with_compute
 from gpumgr.pb import deviceplugin_pb2 as pb
 from gpumgr.vdevice.layout import allocation_key
 from gpumgr.vdevice.limits import DeviceLimit, Limits
@@ -272,7 +272,7 @@ async def start_share_server(service: ServiceBase, a: Allocation) -> Limits | No
     slot = service.state.ledger.slots.get(a.mig or "")
     if slot is None or a.container_holder is None:
         return None
-    limits = share_limits(slot, slot.card, a)
+    limits = with_compute(service.state.inventory, share_limits(slot, slot.card, a), mig=True)
     if service.vdevices.running().get(a.key) != limits:
         await service.vdevices.start(a.key, limits, bus_ids(service.state.inventory, [slot.card]))
         log.info("MIG share %s: vDevice server for %s/%s container %s (%d MiB, %d cores of %s)", a.key, a.namespace,

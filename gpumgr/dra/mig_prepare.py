@@ -40,6 +40,7 @@ from gpumgr.mig.caps import CapsError, instance_nodes, read_minors
 from gpumgr.mig.manager import MigManager
 from gpumgr.mig.types import MigError
 from gpumgr.node.claims import LEDGER_PREFIX, claim_keys, vdevice_key
+from gpumgr.node.limits import with_compute
 from gpumgr.node.state import NodeState
 from gpumgr.node.vdevices import start_server
 from gpumgr.requests.claim_results import ResultError, allocated_results
@@ -239,7 +240,8 @@ class MigClaims:
         first = held[0][0].holder
         pod_uid = first.pod_uid if isinstance(first, ClaimHolder) else ""
         container = first.name if isinstance(first, ClaimHolder) and _LABEL.match(first.name) else "claim"
-        limits = mig_shares.limits(label, held, pod_uid, container, unit)
+        limits = with_compute(self.state.inventory, mig_shares.limits(label, held, pod_uid, container, unit),
+                              mig=True)
         sup = self.shares
         key = vdevice_key(uid)
         slots = [(s, self.state.inventory.gpus[s.card].minor, self._caps(uid, s)) for _, s in held]

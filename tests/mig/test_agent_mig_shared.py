@@ -159,7 +159,8 @@ async def test_agent_serves_shares_of_an_instance_across_kill_9():
         async with grpc.aio.insecure_channel(f"unix://{vdir / 'vcuda.sock'}") as ch:
             answer = await vpb_grpc.VDeviceStub(ch).Register(vpb.RegisterRequest(
                 pod_uid=one["metadata"]["uid"], container_name="main"), timeout=30)
-        assert [(d.uuid, d.memory_limit_bytes) for d in answer.devices] == [(mig_uuid, (slot.memory_mib // 4) << 20)]
+        assert [(d.uuid, d.memory_limit_bytes, d.compute) for d in answer.devices] == [
+            (mig_uuid, (slot.memory_mib // 4) << 20, "gpm")]  # an H100 instance: GPM feedback
 
         await kubelet.remove_pod(one["metadata"]["uid"])  # the pod goes: its share is released
         api.store.delete_pod("default", "one")

@@ -202,6 +202,7 @@ async def test_two_shares_live_in_one_instance_with_their_memory_limits(running:
         assert (limits.pod_uid, limits.core_limit, limits.hard_limit) == (pod, cores, True)
         [dev] = limits.devices
         assert (dev.uuid, dev.index, dev.memory_limit_bytes) == (slot.uuid, 0, gib * GIB)
+        assert dev.compute == "gpm"  # inside an H100's instance: GPM, not per-process figures
         assert vdevice_key(uid) in (agent.vdevices.running() if agent.vdevices else {})
         spec = agent.spec(uid)
         env = spec["containerEdits"]["env"]

@@ -98,7 +98,7 @@ async def test_a_share_inside_an_instance_gets_its_memory_limit(short_dir: Path)
         # PreStartContainer wrote the container's own limits: a quarter of the instance's memory, on its MIG UUID
         limits = Limits.parse((vdir / "limits").read_text())
         assert limits.pod_uid == one["metadata"]["uid"] and limits.container_name == "main"
-        assert [(d.uuid, d.memory_limit_bytes) for d in limits.devices] == [(mig_uuid, quarter << 20)]
+        assert [(d.uuid, d.memory_limit_bytes, d.compute) for d in limits.devices] == [(mig_uuid, quarter << 20, "gpm")]
         assert limits.core_limit == 25 and (vdir / "vcuda.sock").exists()
         holders = state.ledger.slot_holders[slot.name]
         (key,) = holders

@@ -217,6 +217,7 @@ def test_dra_shares_of_one_mig_instance_get_their_memory_limits(realk8s: Env, mi
         assert limits["pod_uid"] == pod.metadata.uid and limits["core_limit"] == "50", limits
         assert (limits["device0_uuid"], limits["device0_index"], limits["device0_memory_limit"]) == (
             mig_uuid, str(card), str(4 << 30)), limits
+        assert limits["device0_compute"] == "gpm", limits  # an H100 instance: GPM per-instance feedback
 
     w.delete_all(core)
     _delete_claims(realk8s)
@@ -287,6 +288,7 @@ def test_a_share_inside_a_mig_instance_gets_its_memory_limit(realk8s: Env, mig_s
                    if "=" in line and not line.startswith("#"))
     assert written["device0_uuid"] == mig_uuid and written["device0_memory_limit"] == str(half << 20), written
     assert written["core_limit"] == "50" and written["pod_uid"] == pod.metadata.uid, written
+    assert written["device0_compute"] == "gpm", written  # an H100 instance: GPM per-instance feedback
     # the vDevice server the shim would call answers the same
     import grpc
 
