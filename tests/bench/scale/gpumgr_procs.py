@@ -24,8 +24,10 @@ from tests.realk8s.procs import Proc, free_port, wait_for
 READY_TIMEOUT_S = 120.0
 
 
-def start_gpumgr(cluster: Any, workdir: Path, profile: bool) -> tuple[Gpumgr, Extender]:
-    gm = install(cluster, workdir, {"webhook": {"enabled": False}})
+def start_gpumgr(cluster: Any, workdir: Path, profile: bool, values: dict[str, Any] | None = None) \
+        -> tuple[Gpumgr, Extender]:
+    """`values`: chart values on top of the bench's (webhook off)."""
+    gm = install(cluster, workdir, {"webhook": {"enabled": False}, **(values or {})})
     probe = free_port()
     pod_name = f"{gm.name('extender')}-0"
     gm._stand_in_pod(pod_name, gm.rendered.get("Deployment", gm.name("extender")))
@@ -118,16 +120,3 @@ def top_frames(raw: str, count: int = 25) -> str:
     for frame, hits in sorted(own.items(), key=lambda kv: -kv[1])[:count]:
         lines.append(f"    {100 * hits / max(1, total):5.1f} %  {frame}")
     return "\n".join(lines)
-
-
-def raise_client_qps(procs_and_configs: list[tuple[Proc, Path]], qps: int) -> None:
-    """Restart each kube-scheduler with `clientConnection.qps` = qps and burst = 2 x qps in its configuration
-    file (the tier writes the file and sets only the kubeconfig there; the default is 50 / 100)."""
-    import yaml
-
-    for proc, path in procs_and_configs:
-        config = yaml.safe_load(path.read_text())
-        config["clientConnection"].update({"qps": qps, "burst": 2 * qps})
-        path.write_text(yaml.safe_dump(config))
-        proc.stop()
-        proc.start()
