@@ -44,9 +44,18 @@ def start_gpumgr(cluster: Any, workdir: Path, profile: bool, values: dict[str, A
     gm.start_scheduler()
     extender = Extender(proc, probe, workdir)
     extender.wait_leading()
-    if profile and shutil.which("py-spy"):
-        extender.start_profile(cluster)
+    if profile:
+        if spy_binary() is None:
+            print("  --profile: no py-spy (pip install py-spy); the extender runs without it")
+        else:
+            extender.start_profile(cluster)
     return gm, extender
+
+
+def spy_binary() -> str | None:
+    """py-spy on PATH or next to this Python (the venv's bin)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
 
 
 @dataclass
@@ -84,7 +93,7 @@ class Extender:
 
     def start_profile(self, cluster: Any) -> None:
         out = self.workdir / "extender-profile.txt"
-        self.spy = Proc("py-spy", [str(shutil.which("py-spy")), "record", "--pid", str(self.pid), "--format",
+        self.spy = Proc("py-spy", [str(spy_binary()), "record", "--pid", str(self.pid), "--format",
                                    "raw", "--gil", "--rate", "50", "--output", str(out)], cluster.logs).start()
         cluster.procs.append(self.spy)
 
