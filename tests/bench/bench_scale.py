@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="DRA pods: a claim created per pod (default) or ResourceClaimTemplates")
     parser.add_argument("--scheduler-qps", type=int, default=0,
                         help="every kube-scheduler's client QPS (burst twice that); 0: the chart's default")
+    parser.add_argument("--nodes-to-score", type=int, default=0, metavar="PERCENT",
+                        help="every scheduler's percentageOfNodesToScore (0: kube-scheduler's adaptive share)")
     parser.add_argument("--pace", type=float, default=DEFAULT_PACE,
                         help="paced round at this fraction of path a's burst pods/s (0: no paced round)")
     parser.add_argument("--rate", type=float, default=0.0, help="paced round at this many pods/s instead")
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in counts:
         pods = 100 if args.quick else (args.pods_per_node * n or args.pods)
         opts = Options(args.paths, args.claims, rate, args.pace, args.rate, args.paced_pods, args.profile,
-                       args.sched_profile, args.keep)
+                       args.sched_profile, args.keep, args.nodes_to_score)
         t0 = time.monotonic()
         rows += run_n(bins, n, pods, opts)
         print(f"  N={n}: {time.monotonic() - t0:.0f} s for {len(args.paths)} paths of {pods} pods", flush=True)
@@ -127,12 +129,13 @@ def run_n(bins: Path, n: int, pods: int, opts: Options) -> list[Row]:
     rows: list[Row] = []
     try:
         # kube-scheduler alone (paths a and c) with the same client rate as the chart's scheduler (b and d)
-        cluster.start_control_plane(EMPTY_SCHEDULER_CONFIG + f"clientConnection: {json.dumps(opts.rate)}\n",
-                                    node_lifecycle=False)
+        cluster.start_control_plane(EMPTY_SCHEDULER_CONFIG + f"clientConnection: {json.dumps(opts.rate)}\n"
+                                    f"percentageOfNodesToScore: {opts.nodes_to_score}\n", node_lifecycle=False)
         from tests.bench.scale.gpumgr_procs import start_gpumgr
 
         gm, extender = start_gpumgr(cluster, workdir / "gpumgr", opts.profile,
-                                    {"scheduler": {"clientConnection": opts.rate}})
+                                    {"scheduler": {"clientConnection": opts.rate,
+                                                   "percentageOfNodesToScore": opts.nodes_to_score}})
         nodes = fleet.plan(n)
         t0 = time.monotonic()
         fleet.write(cluster.client, nodes, _now())
@@ -206,7 +209,8 @@ def run_path(cluster: Any, gm: Any, extender: Any, nodes: dict[str, fleet.FakeNo
     if spy is not None:
         print(spy.finish(), flush=True)
     row = Row(n=len(nodes), path=path, pods=len(bodies), bound=len(watch.bound), rate=rate,
-              qps=f"{opts.rate['qps']:g}/{opts.rate['burst']:g}", namespace=ns)
+              qps=f"{opts.rate['qps']:g}/{opts.rate['burst']:g}"
+              + (f" {opts.nodes_to_score}%" if opts.nodes_to_score else ""), namespace=ns)
     latencies = [watch.bound[name] - sent[name] for name in watch.bound if name in sent]
     if watch.bound:
         row.pods_per_s = len(watch.bound) / max(1e-9, max(watch.bound.values()) - min(sent.values()))
@@ -343,6 +347,7 @@ class Options:
     profile: bool  # the extender under py-spy
     sched_profile: int  # seconds of kube-scheduler CPU profile in paths a and c; 0: none
     keep: bool
+    nodes_to_score: int = 0  # every scheduler's percentageOfNodesToScore; 0: the adaptive share
 
 
 @dataclass
@@ -352,7 +357,7 @@ class Row:
     pods: int
     bound: int
     rate: float = 0.0  # pods/s the pods were created at; 0: as fast as the API takes them
-    qps: str = ""  # the client qps/burst of the path's scheduler
+    qps: str = ""  # the client qps/burst of the path's scheduler (and its percentageOfNodesToScore, if set)
     namespace: str = ""
     pods_per_s: float = 0.0
     p50_s: float = 0.0

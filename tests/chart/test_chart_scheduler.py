@@ -73,6 +73,12 @@ def test_profile_mode_configuration() -> None:
     check_stanza(extender, f"https://{PREFIX}-extender.{NAMESPACE}.svc:3456/gpumgr")
     # the API client above kube-scheduler's own 50/100, which throttles DRA pods' two writes (claim + Binding)
     assert config["clientConnection"] == {"qps": 200, "burst": 400}
+    assert config["percentageOfNodesToScore"] == 0  # kube-scheduler's adaptive share
+
+
+def test_nodes_to_score_is_a_value() -> None:
+    config = scheduler_config(render({"scheduler": {"percentageOfNodesToScore": 10}}))
+    assert config["percentageOfNodesToScore"] == 10
 
 
 def test_client_rate_is_a_value_in_both_modes() -> None:

@@ -41,6 +41,7 @@ BAD_VALUES: list[tuple[dict[str, Any], str, str]] = [
     ({"scheduler": {"clientConnection": {"qps": 0}}}, "/scheduler/clientConnection/qps", "exclusiveMinimum"),
     ({"scheduler": {"clientConnection": {"burst": 1.5}}}, "/scheduler/clientConnection/burst", "integer"),
     ({"scheduler": {"clientConnection": {"qps": "200"}}}, "/scheduler/clientConnection/qps", "number"),
+    ({"scheduler": {"percentageOfNodesToScore": 101}}, "/scheduler/percentageOfNodesToScore", "maximum"),
     ({"scheduler": {"httpTimeout": "30 seconds"}}, "/scheduler/httpTimeout", "does not match"),
     ({"scheduler": {"extenderURL": "gpumgr-extender:3456"}}, "/scheduler/extenderURL", "does not match"),
     ({"agent": {"nodeselector": {"a": "b"}}}, "/agent", "nodeselector"),
