@@ -2,9 +2,10 @@
 
     .venv/bin/python -m tests.bench.bench_scale [--nodes 100,500] [--pods 500 | --pods-per-node 5]
                                                 [--paths abcd] [--claims pod|template] [--scheduler-qps Q]
-                                                [--pace 0.25 | --rate R] [--paced-pods 200]
-                                                [--profile] [--sched-profile] [--quick]
-    .venv/bin/python -m tests.bench bench_scale     (as `make bench` runs it: N = 100 and 500, 500 pods per path;
+                                                [--nodes-to-score P] [--pace 0.25 | --rate R] [--paced-pods 200]
+                                                [--profile] [--sched-profile SECONDS] [--quick]
+    .venv/bin/python -m tests.bench bench_scale     (as `make bench` runs it: N = 100 and 500, 500 pods per path,
+                                                     then 200 paced pods per path, ~8 min;
                                                      GPUMGR_BENCH_SCALE_NODES / GPUMGR_BENCH_SCALE_PODS change them)
 
 For each N: a real control plane (etcd, kube-apiserver, kube-controller-manager without the node-lifecycle
