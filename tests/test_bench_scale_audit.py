@@ -68,3 +68,23 @@ def test_multi_card_links_against_the_best_of_the_board() -> None:
     claims = [claim("gpu-00000", (0, None), (3, None)), claim("gpu-00000", (1, None), (4, None))]
     found = audit(NODES, pods, claims)
     assert (found.multi_card, found.multi_card_best) == (4, 2)
+
+
+def test_ratios_compare_paths_with_the_same_arrivals() -> None:
+    from tests.bench.bench_scale import Row, table
+
+    rows = [Row(n=10, path="a", pods=4, bound=4, pods_per_s=40.0, qps="200/400"),
+            Row(n=10, path="b", pods=4, bound=4, pods_per_s=20.0, qps="200/400"),
+            Row(n=10, path="a", pods=2, bound=2, rate=10.0, pods_per_s=10.0, qps="200/400"),
+            Row(n=10, path="b", pods=2, bound=2, rate=10.0, pods_per_s=5.0, qps="200/400")]
+    lines = table(rows).splitlines()[2:]
+    assert "burst" in lines[1] and "20.0 (0.50)" in lines[1]
+    assert "paced 10/s" in lines[3] and "5.0 (0.50)" in lines[3]
+    assert all("200/400" in line for line in lines)
+
+
+def test_every_scheduler_gets_the_charts_client_rate_unless_told() -> None:
+    from tests.bench.bench_scale import client_rate
+
+    assert client_rate(0) == {"qps": 200, "burst": 400}
+    assert client_rate(50) == {"qps": 50, "burst": 100}

@@ -1,27 +1,35 @@
 """GPU pods per second on the real kube-scheduler: the scheduler alone against gpumgr's extender and DRA.
 
     .venv/bin/python -m tests.bench.bench_scale [--nodes 100,500] [--pods 500 | --pods-per-node 5]
-                                                [--paths abcd] [--claims pod|template] [--profile] [--quick]
-    .venv/bin/python -m tests.bench bench_scale     (as `make bench` runs it: N = 100 and 500, 500 pods per path;
+                                                [--paths abcd] [--claims pod|template] [--scheduler-qps Q]
+                                                [--nodes-to-score P] [--pace 0.25 | --rate R] [--paced-pods 200]
+                                                [--profile] [--sched-profile SECONDS] [--quick]
+    .venv/bin/python -m tests.bench bench_scale     (as `make bench` runs it: N = 100 and 500, 500 pods per path,
+                                                     then 200 paced pods per path, ~8 min;
                                                      GPUMGR_BENCH_SCALE_NODES / GPUMGR_BENCH_SCALE_PODS change them)
 
 For each N: a real control plane (etcd, kube-apiserver, kube-controller-manager without the node-lifecycle
 controller, kube-scheduler; no kubelet) from tests/realk8s, gpumgr's objects applied from the rendered chart
 (webhook off: the pods name their scheduler), the extender and the chart's gpumgr-scheduler as host processes with
 their ServiceAccounts' tokens; N fake nodes of 8 cards written as Node objects (capacity, inventory annotation)
-and ResourceSlices (tests/bench/scale/fleet.py). Then, one path after the other on the same cluster (each path's
-pods and claims deleted before the next), pods created as fast as the API takes them and timed from the create
-request to the watch showing spec.nodeName (tests/bench/scale/workload.py for the shapes):
+and ResourceSlices (tests/bench/scale/fleet.py). Every kube-scheduler runs with the chart's client rate
+(scheduler.clientConnection, 200 QPS / burst 400; --scheduler-qps Q gives all of them Q / 2Q), so the paths
+compare like with like. Then, one path after the other on the same cluster (each path's pods and claims deleted
+before the next), pods created as fast as the API takes them ("burst") and timed from the create request to the
+watch showing spec.nodeName (tests/bench/scale/workload.py for the shapes); then every path again with fewer pods
+arriving at a steady rate below the throughput ("paced": --pace F of path a's burst pods/s, or --rate R):
 
   a  example.com/gpu whole cards, kube-scheduler alone (the baseline)
   b  tencent.com/vcuda-* through the extender (the chart's scheduler configuration)
   c  DRA claims with consumable capacity, kube-scheduler alone on the slices
   d  both: the chart's scheduler, even pods vcuda through the extender, odd pods DRA claims
 
-Prints one table: pods/s from the first create to the last bind, p50/p99 create->bound, pods left unbound (and
+Prints one table: how the pods arrived and the schedulers' client QPS, pods/s from the first create to the last
+bind, p50/p99 create->bound, pods left unbound (and
 the scheduler's reason), cards over-committed at the end (from the API objects), multi-card pods on the node's
 best worst link, the extender's and the schedulers' CPU seconds, the extender's peak RSS, the API server's
-requests; every figure also as a ratio to path a of the same N. Asserts nothing.
+requests; every figure also as a ratio to path a of the same N and arrivals. --sched-profile adds a CPU profile of
+kube-scheduler during paths a and c (tests/bench/scale/sched_profile.py). Asserts nothing.
 """
 
 from __future__ import annotations
@@ -50,6 +58,8 @@ PATH_CAP_S = 900.0
 CLEAN_TIMEOUT_S = 300.0
 DEFAULT_NODES = "100,500"
 DEFAULT_PODS = 500
+DEFAULT_PACE = 0.25
+DEFAULT_PACED_PODS = 200
 EMPTY_SCHEDULER_CONFIG = "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n"
 
 
@@ -64,9 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--claims", choices=("pod", "template"), default="pod",
                         help="DRA pods: a claim created per pod (default) or ResourceClaimTemplates")
     parser.add_argument("--scheduler-qps", type=int, default=0,
-                        help="both kube-schedulers' client QPS (burst twice that); 0: their default, 50")
+                        help="every kube-scheduler's client QPS (burst twice that); 0: the chart's default")
+    parser.add_argument("--nodes-to-score", type=int, default=0, metavar="PERCENT",
+                        help="every scheduler's percentageOfNodesToScore (0: kube-scheduler's adaptive share)")
+    parser.add_argument("--pace", type=float, default=DEFAULT_PACE,
+                        help="paced round at this fraction of path a's burst pods/s (0: no paced round)")
+    parser.add_argument("--rate", type=float, default=0.0, help="paced round at this many pods/s instead")
+    parser.add_argument("--paced-pods", type=int, default=DEFAULT_PACED_PODS, help="pods per path, paced round")
     parser.add_argument("--quick", action="store_true", help="30 nodes, 100 pods (development)")
-    parser.add_argument("--profile", action="store_true", help="run the extender under cProfile (slower)")
+    parser.add_argument("--profile", action="store_true", help="record the extender with py-spy (slower)")
+    parser.add_argument("--sched-profile", type=int, default=0, metavar="SECONDS",
+                        help="CPU profile of kube-scheduler for this long from the start of paths a and c")
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory and logs")
     args = parser.parse_args(argv if argv is not None else [])
     counts = [30] if args.quick else [int(n) for n in args.nodes.split(",") if n.strip()]
@@ -78,10 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     bins = build.ensure_binaries()
     rows: list[Row] = []
     curve_start = time.monotonic()
+    rate = client_rate(args.scheduler_qps)
     for n in counts:
         pods = 100 if args.quick else (args.pods_per_node * n or args.pods)
+        opts = Options(args.paths, args.claims, rate, args.pace, args.rate, args.paced_pods, args.profile,
+                       args.sched_profile, args.keep, args.nodes_to_score)
         t0 = time.monotonic()
-        rows += run_n(bins, n, pods, args.paths, args.claims, args.scheduler_qps, args.profile, args.keep)
+        rows += run_n(bins, n, pods, opts)
         print(f"  N={n}: {time.monotonic() - t0:.0f} s for {len(args.paths)} paths of {pods} pods", flush=True)
         if n != counts[-1]:
             print(table(rows), flush=True)  # so far: a later N that fails loses only its own rows
@@ -90,22 +111,32 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_n(bins: Path, n: int, pods: int, paths: str, claims: str, qps: int, profile: bool,
-          keep: bool) -> list[Row]:
+def client_rate(qps: int) -> dict[str, float]:
+    """The client rate every scheduler of the run gets: the chart's scheduler.clientConnection, or qps / 2 x qps."""
+    import yaml
+
+    if qps:
+        return {"qps": qps, "burst": 2 * qps}
+    values = yaml.safe_load((Path(__file__).resolve().parents[2] / "charts" / "gpu-manager" / "values.yaml")
+                            .read_text())
+    return dict(values["scheduler"]["clientConnection"])
+
+
+def run_n(bins: Path, n: int, pods: int, opts: Options) -> list[Row]:
     from tests.realk8s.cluster import Cluster
 
     workdir = Path(tempfile.mkdtemp(prefix="scale-", dir="/tmp"))
     cluster = Cluster(workdir, bins)
-    rows = []
+    rows: list[Row] = []
     try:
-        cluster.start_control_plane(EMPTY_SCHEDULER_CONFIG, node_lifecycle=False)
-        from tests.bench.scale.gpumgr_procs import raise_client_qps, start_gpumgr
+        # kube-scheduler alone (paths a and c) with the same client rate as the chart's scheduler (b and d)
+        cluster.start_control_plane(EMPTY_SCHEDULER_CONFIG + f"clientConnection: {json.dumps(opts.rate)}\n"
+                                    f"percentageOfNodesToScore: {opts.nodes_to_score}\n", node_lifecycle=False)
+        from tests.bench.scale.gpumgr_procs import start_gpumgr
 
-        gm, extender = start_gpumgr(cluster, workdir / "gpumgr", profile)
-        if qps:
-            assert gm.scheduler is not None
-            raise_client_qps([(cluster.proc("kube-scheduler"), workdir / "scheduler-config.yaml"),
-                              (gm.scheduler, workdir / "gpumgr" / "gpumgr-scheduler.yaml")], qps)
+        gm, extender = start_gpumgr(cluster, workdir / "gpumgr", opts.profile,
+                                    {"scheduler": {"clientConnection": opts.rate,
+                                                   "percentageOfNodesToScore": opts.nodes_to_score}})
         nodes = fleet.plan(n)
         t0 = time.monotonic()
         fleet.write(cluster.client, nodes, _now())
@@ -113,16 +144,26 @@ def run_n(bins: Path, n: int, pods: int, paths: str, claims: str, qps: int, prof
         extender.wait_nodes(n)
         by_name = {x.name: x for x in nodes}
         shapes = workload.shapes(pods)
-        for path in paths:
-            rows.append(run_path(cluster, gm, extender, by_name, shapes, path, claims))
-            r = rows[-1]
-            print(f"  N={n} path {path}: {r.bound}/{r.pods} bound, {r.pods_per_s:.1f} pods/s, "
-                  f"p99 {r.p99_s:.2f} s, unbound: {dict(r.reasons) or '-'}", flush=True)
-            _clean(cluster.client, f"scale-{path}")
+        rounds = [(shapes, 0.0)]
+        if opts.pace or opts.paced_rate:
+            rounds.append((workload.shapes(min(pods, opts.paced_pods), seed=22), opts.paced_rate))
+        for round_shapes, rate in rounds:
+            if round_shapes is not shapes and not rate:
+                base = next((r for r in rows if r.path == "a"), None)
+                if base is None or not base.pods_per_s:
+                    print("  no paced round: it paces at a fraction of path a's burst pods/s (--paths with a)")
+                    break
+                rate = round(opts.pace * base.pods_per_s, 1)
+            for path in opts.paths:
+                rows.append(run_path(cluster, gm, extender, by_name, round_shapes, path, opts, rate, workdir))
+                r = rows[-1]
+                print(f"  N={n} path {path} {r.arrivals}: {r.bound}/{r.pods} bound, {r.pods_per_s:.1f} pods/s, "
+                      f"p50 {r.p50_s:.2f} s, p99 {r.p99_s:.2f} s, unbound: {dict(r.reasons) or '-'}", flush=True)
+                _clean(cluster.client, r.namespace)
         extender.stop_profile()
     finally:
         cluster.stop()
-        if keep:
+        if opts.keep:
             print(f"  kept {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -130,12 +171,15 @@ def run_n(bins: Path, n: int, pods: int, paths: str, claims: str, qps: int, prof
 
 
 def run_path(cluster: Any, gm: Any, extender: Any, nodes: dict[str, fleet.FakeNode],
-             shapes: list[workload.Shape], path: str, claims: str) -> Row:
+             shapes: list[workload.Shape], path: str, opts: Options, rate: float, workdir: Path) -> Row:
     from kubernetes import client as k
+
+    from tests.bench.scale.sched_profile import SchedulerProfile
 
     core: Any = k.CoreV1Api(cluster.client())
     custom: Any = k.CustomObjectsApi(cluster.client())
-    ns = f"scale-{path}"
+    claims = opts.claims
+    ns = f"scale-{path}" + ("-paced" if rate else "")
     _namespace(core, ns)
     if path in ("c", "d") and claims == "template":
         for t in workload.templates(shapes, ns):
@@ -150,7 +194,12 @@ def run_path(cluster: Any, gm: Any, extender: Any, nodes: dict[str, fleet.FakeNo
     ext0 = measure.cpu_seconds(extender.pid)
     req0 = measure.request_count(cluster._get("/metrics"))
     watch = measure.BindWatch(cluster.client, ns, follower.pod_bound if follower else None).start()
-    sent = measure.create_all(cluster.client, items)
+    spy = None
+    if opts.sched_profile and path in ("a", "c") and not rate:
+        out = Path(tempfile.gettempdir()) / f"scale-sched-{len(nodes)}-{path}.pprof"
+        spy = SchedulerProfile(cluster.proc("kube-scheduler"), cluster.admin_kubeconfig, out,
+                               opts.sched_profile).start()
+    sent = measure.create_all(cluster.client, items, rate)
     last, seen = time.monotonic(), 0
     while len(watch.bound) < len(bodies) and time.monotonic() - last < STALL_S \
             and time.monotonic() - min(sent.values()) < PATH_CAP_S:
@@ -158,7 +207,11 @@ def run_path(cluster: Any, gm: Any, extender: Any, nodes: dict[str, fleet.FakeNo
         if len(watch.bound) != seen:
             last, seen = time.monotonic(), len(watch.bound)
     watch.stop()
-    row = Row(n=len(nodes), path=path, pods=len(bodies), bound=len(watch.bound))
+    if spy is not None:
+        print(spy.finish(), flush=True)
+    row = Row(n=len(nodes), path=path, pods=len(bodies), bound=len(watch.bound), rate=rate,
+              qps=f"{opts.rate['qps']:g}/{opts.rate['burst']:g}"
+              + (f" {opts.nodes_to_score}%" if opts.nodes_to_score else ""), namespace=ns)
     latencies = [watch.bound[name] - sent[name] for name in watch.bound if name in sent]
     if watch.bound:
         row.pods_per_s = len(watch.bound) / max(1e-9, max(watch.bound.values()) - min(sent.values()))
@@ -239,6 +292,7 @@ def _unprotect(custom: Any, ns: str, name: str) -> None:
 # ---- the table ---------------------------------------------------------------------------------------------
 
 COLUMNS = (
+    ("arrivals", "arrivals", "{}"), ("sched QPS", "qps", "{}"),
     ("pods/s", "pods_per_s", "{:.1f}"), ("p50 s", "p50_s", "{:.2f}"), ("p99 s", "p99_s", "{:.2f}"),
     ("unbound", "unbound", "{}"), ("over", "over", "{}"), ("multi best", "multi", "{}"),
     ("ext CPU s", "extender_cpu_s", "{:.1f}"), ("ext RSS MiB", "extender_rss_mib", "{:.0f}"),
@@ -249,7 +303,7 @@ NAMES = {"a": "a scheduler alone", "b": "b extender", "c": "c DRA", "d": "d both
 
 
 def table(rows: list[Row]) -> str:
-    base = {r.n: r for r in rows if r.path == "a"}
+    base = {(r.n, r.rate): r for r in rows if r.path == "a"}
     head = ["N", "path", "bound"] + [c[0] for c in COLUMNS]
     lines = []
     for r in rows:
@@ -257,7 +311,7 @@ def table(rows: list[Row]) -> str:
         for _, attr, fmt in COLUMNS:
             value = getattr(r, attr)
             text = fmt.format(value)
-            b = base.get(r.n)
+            b = base.get((r.n, r.rate))
             if attr in RATIO and b is not None and r.path != "a" and getattr(b, attr):
                 text += f" ({value / getattr(b, attr):.2f})"
             cells.append(text)
@@ -266,7 +320,7 @@ def table(rows: list[Row]) -> str:
     out = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |",
            "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += ["| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |" for cells in lines]
-    reasons = [f"  N={r.n} {r.path}: {count} x {why}" for r in rows for why, count in r.reasons.items()]
+    reasons = [f"  N={r.n} {r.path} {r.arrivals}: {count} x {why}" for r in rows for why, count in r.reasons.items()]
     return "\n".join(out + (["unbound pods, the scheduler's reason:"] + reasons if reasons else []))
 
 
@@ -283,12 +337,29 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+@dataclass(frozen=True)
+class Options:
+    paths: str
+    claims: str  # "pod" or "template"
+    rate: dict[str, float]  # every scheduler's clientConnection: qps, burst
+    pace: float  # paced round at this fraction of path a's burst pods/s
+    paced_rate: float  # or at this many pods/s
+    paced_pods: int
+    profile: bool  # the extender under py-spy
+    sched_profile: int  # seconds of kube-scheduler CPU profile in paths a and c; 0: none
+    keep: bool
+    nodes_to_score: int = 0  # every scheduler's percentageOfNodesToScore; 0: the adaptive share
+
+
 @dataclass
 class Row:
     n: int
     path: str
     pods: int
     bound: int
+    rate: float = 0.0  # pods/s the pods were created at; 0: as fast as the API takes them
+    qps: str = ""  # the client qps/burst of the path's scheduler (and its percentageOfNodesToScore, if set)
+    namespace: str = ""
     pods_per_s: float = 0.0
     p50_s: float = 0.0
     p99_s: float = 0.0
@@ -305,6 +376,10 @@ class Row:
     @property
     def unbound(self) -> int:
         return self.pods - self.bound
+
+    @property
+    def arrivals(self) -> str:
+        return f"paced {self.rate:g}/s" if self.rate else "burst"
 
     @property
     def over(self) -> str:

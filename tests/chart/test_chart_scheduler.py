@@ -71,6 +71,25 @@ def test_profile_mode_configuration() -> None:
     }
     (extender,) = config["extenders"]
     check_stanza(extender, f"https://{PREFIX}-extender.{NAMESPACE}.svc:3456/gpumgr")
+    # the API client above kube-scheduler's own 50/100, which throttles DRA pods' two writes (claim + Binding)
+    assert config["clientConnection"] == {"qps": 200, "burst": 400}
+    assert config["percentageOfNodesToScore"] == 0  # kube-scheduler's adaptive share
+
+
+def test_nodes_to_score_is_a_value() -> None:
+    config = scheduler_config(render({"scheduler": {"percentageOfNodesToScore": 10}}))
+    assert config["percentageOfNodesToScore"] == 10
+
+
+def test_client_rate_is_a_value_in_both_modes() -> None:
+    rate = {"qps": 75.5, "burst": 150}
+    profile = scheduler_config(render({"scheduler": {"clientConnection": rate}}))
+    assert profile["clientConnection"] == rate
+    rendered = render({**VARIANTS["extender-only"], "scheduler": {**VARIANTS["extender-only"]["scheduler"],
+                                                                 "clientConnection": rate}})
+    data = rendered.get("ConfigMap", f"{PREFIX}-scheduler-extender")["data"]
+    full = yaml.safe_load(data["kube-scheduler-config.yaml"])
+    assert full["clientConnection"] == {"kubeconfig": "/etc/kubernetes/scheduler.conf", **rate}
 
 
 def test_stanza_url_points_at_the_extender_service() -> None:

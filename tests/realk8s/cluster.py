@@ -112,7 +112,7 @@ class Cluster:
         sched_args = [str(self.bin / "kube-scheduler"), *self._component_flags(sched_conf)]
         if scheduler_config is not None:
             config = yaml.safe_load(scheduler_config)
-            config["clientConnection"] = {"kubeconfig": str(sched_conf)}
+            config.setdefault("clientConnection", {})["kubeconfig"] = str(sched_conf)
             config.setdefault("leaderElection", {})["leaderElect"] = False
             path = self.workdir / "scheduler-config.yaml"
             path.write_text(yaml.safe_dump(config))

@@ -222,7 +222,7 @@ class Gpumgr:
                 assert Path(tls_config[key]).name == file, tls_config
                 tls_config[key] = str(self.secret_file(tls, file))
         kubeconfig = self.kubeconfig_for("scheduler")
-        config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+        config.setdefault("clientConnection", {})["kubeconfig"] = str(kubeconfig)  # the chart's qps/burst stay
         path = self.workdir / "gpumgr-scheduler.yaml"
         path.write_text(yaml.safe_dump(config))
         scheduler = container(self.rendered.get("Deployment", self.name("scheduler")), "kube-scheduler")

@@ -97,6 +97,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* The scheduler's API client rate (clientConnection qps and burst; kube-scheduler's own default is 50/100). */}}
+{{- define "gpumgr.schedulerClientRate" -}}
+{{- $r := .Values.scheduler.clientConnection -}}
+qps: {{ $r.qps }}
+burst: {{ int $r.burst }}
+{{- end -}}
+
 {{/* The KubeSchedulerConfiguration extenders stanza (a YAML list item). */}}
 {{- define "gpumgr.extenderStanza" -}}
 - urlPrefix: {{ include "gpumgr.extenderURL" . | quote }}

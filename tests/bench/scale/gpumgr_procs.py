@@ -24,8 +24,10 @@ from tests.realk8s.procs import Proc, free_port, wait_for
 READY_TIMEOUT_S = 120.0
 
 
-def start_gpumgr(cluster: Any, workdir: Path, profile: bool) -> tuple[Gpumgr, Extender]:
-    gm = install(cluster, workdir, {"webhook": {"enabled": False}})
+def start_gpumgr(cluster: Any, workdir: Path, profile: bool, values: dict[str, Any] | None = None) \
+        -> tuple[Gpumgr, Extender]:
+    """`values`: chart values on top of the bench's (webhook off)."""
+    gm = install(cluster, workdir, {"webhook": {"enabled": False}, **(values or {})})
     probe = free_port()
     pod_name = f"{gm.name('extender')}-0"
     gm._stand_in_pod(pod_name, gm.rendered.get("Deployment", gm.name("extender")))
@@ -42,9 +44,18 @@ def start_gpumgr(cluster: Any, workdir: Path, profile: bool) -> tuple[Gpumgr, Ex
     gm.start_scheduler()
     extender = Extender(proc, probe, workdir)
     extender.wait_leading()
-    if profile and shutil.which("py-spy"):
-        extender.start_profile(cluster)
+    if profile:
+        if spy_binary() is None:
+            print("  --profile: no py-spy (pip install py-spy); the extender runs without it")
+        else:
+            extender.start_profile(cluster)
     return gm, extender
+
+
+def spy_binary() -> str | None:
+    """py-spy on PATH or next to this Python (the venv's bin)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
 
 
 @dataclass
@@ -82,7 +93,7 @@ class Extender:
 
     def start_profile(self, cluster: Any) -> None:
         out = self.workdir / "extender-profile.txt"
-        self.spy = Proc("py-spy", [str(shutil.which("py-spy")), "record", "--pid", str(self.pid), "--format",
+        self.spy = Proc("py-spy", [str(spy_binary()), "record", "--pid", str(self.pid), "--format",
                                    "raw", "--gil", "--rate", "50", "--output", str(out)], cluster.logs).start()
         cluster.procs.append(self.spy)
 
@@ -118,16 +129,3 @@ def top_frames(raw: str, count: int = 25) -> str:
     for frame, hits in sorted(own.items(), key=lambda kv: -kv[1])[:count]:
         lines.append(f"    {100 * hits / max(1, total):5.1f} %  {frame}")
     return "\n".join(lines)
-
-
-def raise_client_qps(procs_and_configs: list[tuple[Proc, Path]], qps: int) -> None:
-    """Restart each kube-scheduler with `clientConnection.qps` = qps and burst = 2 x qps in its configuration
-    file (the tier writes the file and sets only the kubeconfig there; the default is 50 / 100)."""
-    import yaml
-
-    for proc, path in procs_and_configs:
-        config = yaml.safe_load(path.read_text())
-        config["clientConnection"].update({"qps": qps, "burst": 2 * qps})
-        path.write_text(yaml.safe_dump(config))
-        proc.stop()
-        proc.start()

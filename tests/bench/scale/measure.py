@@ -71,20 +71,24 @@ class BindWatch:
             resp.release_conn()
 
 
-def create_all(make_client: Callable[[], Any], items: list[tuple[dict[str, Any] | None, dict[str, Any]]]) \
-        -> dict[str, float]:
-    """Create the pods (each after its own ResourceClaim, if it has one) as fast as the API takes them (CREATORS
-    connections); returns pod name -> time its first request was sent."""
+def create_all(make_client: Callable[[], Any], items: list[tuple[dict[str, Any] | None, dict[str, Any]]],
+               rate: float = 0.0) -> dict[str, float]:
+    """Create the pods (each after its own ResourceClaim, if it has one) on CREATORS connections, as fast as the
+    API takes them (rate 0) or pod i not before start + i / rate (paced arrivals); returns pod name -> time its
+    first request was sent."""
     sent: dict[str, float] = {}
     chunks = [items[i::CREATORS] for i in range(CREATORS)]
+    start = time.monotonic() + 0.2
 
-    def one(chunk: list[tuple[dict[str, Any] | None, dict[str, Any]]]) -> None:
+    def one(first: int, chunk: list[tuple[dict[str, Any] | None, dict[str, Any]]]) -> None:
         from kubernetes import client as k
 
         api_client = make_client()
         core: Any = k.CoreV1Api(api_client)
         custom: Any = k.CustomObjectsApi(api_client)
-        for claim, pod in chunk:
+        for j, (claim, pod) in enumerate(chunk):
+            if rate > 0:
+                time.sleep(max(0.0, start + (first + j * CREATORS) / rate - time.monotonic()))
             namespace = pod["metadata"]["namespace"]
             sent[pod["metadata"]["name"]] = time.monotonic()
             if claim is not None:
@@ -93,7 +97,7 @@ def create_all(make_client: Callable[[], Any], items: list[tuple[dict[str, Any] 
             core.create_namespaced_pod(namespace, pod, _preload_content=False)
 
     with ThreadPoolExecutor(CREATORS) as pool:
-        for future in [pool.submit(one, c) for c in chunks if c]:
+        for future in [pool.submit(one, i, c) for i, c in enumerate(chunks) if c]:
             future.result()
     return sent
 
