@@ -21,38 +21,20 @@ from gpumgr.dra import cdi
 from gpumgr.dra.claims import ClaimError
 from gpumgr.dra.config import DraConfig
 from gpumgr.dra.slices import memory_ceiling
-from gpumgr.requests.quantity import QuantityError, parse_int
+from gpumgr.requests.claim_results import ResultError, consumed_amounts
 from gpumgr.vdevice.layout import VDeviceLayout
 from gpumgr.vdevice.limits import DeviceLimit, Limits
 from gpumgr.vdevice.server import VDeviceManager
 
 MIB = 2**20
-CAPACITIES = ("memory", "cores")  # what a MIG device publishes (mig_slices.capacity)
-MAX_MEMORY = 1 << 60  # bytes, exclusive
 
 
 def amounts(label: str, result: Mapping[str, Any]) -> tuple[int, int | None]:
     """(cores, memory bytes or None: all of it) a MIG device result consumes, or ClaimError."""
-    consumed = result.get("consumedCapacity")
-    if consumed is None:
-        return HUNDRED, None
-    where = f"{label}: device {str(result.get('device'))[:80]}"
-    if not isinstance(consumed, Mapping):
-        raise ClaimError(f"{where}: consumedCapacity must be an object")
-    unknown = sorted(str(k)[:40] for k in consumed if k not in CAPACITIES)
-    if unknown:
-        raise ClaimError(f"{where}: consumedCapacity names {', '.join(unknown[:4])}, which this driver's MIG devices "
-                         f"do not publish (they have {' and '.join(CAPACITIES)})")
     try:
-        memory = parse_int(consumed["memory"]) if "memory" in consumed else None
-        cores = parse_int(consumed["cores"]) if "cores" in consumed else HUNDRED
-    except QuantityError as e:
-        raise ClaimError(f"{where}: consumedCapacity: {e}") from None
-    if memory is not None and not 0 < memory < MAX_MEMORY:
-        raise ClaimError(f"{where}: consumedCapacity memory {memory} bytes is not a positive amount of memory")
-    if not 0 < cores <= HUNDRED:
-        raise ClaimError(f"{where}: consumedCapacity cores {cores} is outside 1..{HUNDRED}")
-    return cores, memory
+        return consumed_amounts(result.get("consumedCapacity"), f"{label}: device {str(result.get('device'))[:80]}")
+    except ResultError as e:
+        raise ClaimError(str(e)) from None
 
 
 def allocation(base: Allocation, slot: MigSlot, cores: int, memory_bytes: int | None, unit_mib: int) -> Allocation:

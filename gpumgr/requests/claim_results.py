@@ -118,8 +118,13 @@ def device_amount(r: Mapping[str, Any]) -> DeviceAmount:
     index = gpu_index(device)
     if index is None or not isinstance(device, str):
         raise ResultError(f"device {_show(device)} in pool {pool} is not a GPU of this driver (gpu-<index>)")
-    where = f"device {pool}/{device}"
-    consumed = r.get("consumedCapacity")
+    cores, memory = consumed_amounts(r.get("consumedCapacity"), f"device {pool}/{device}")
+    return DeviceAmount(pool=pool, device=device, index=index, cores=cores, memory_bytes=memory)
+
+
+def consumed_amounts(consumed: Any, where: str) -> tuple[int, int | None]:
+    """(cores, memory bytes or None: all of it) of a result's `consumedCapacity` (absent: the whole device), or
+    ResultError naming `where`. Whole cards and MIG devices publish the same two capacities."""
     if consumed is None:
         consumed = {}
     if not isinstance(consumed, Mapping):
@@ -137,7 +142,7 @@ def device_amount(r: Mapping[str, Any]) -> DeviceAmount:
         raise ResultError(f"{where}: consumedCapacity memory {memory} bytes is not a positive amount of memory")
     if not 0 < cores <= CORES:
         raise ResultError(f"{where}: consumedCapacity cores {cores} is outside 1..{CORES}")
-    return DeviceAmount(pool=pool, device=device, index=index, cores=cores, memory_bytes=memory)
+    return cores, memory
 
 
 def driver_results(claim: Mapping[str, Any], driver: str) -> tuple[DriverResult, ...] | None:

@@ -1,12 +1,17 @@
 """A node's MIG side without the agent around it: a ledger committed to a real checkpoint directory, a backend
 (simulated, or the real nvidia-ml-py over the fake NVML), and crash points. `Crash` stands for kill -9: raised
-just before a checkpoint write (it never happened) or just after an NVML change (the card did it)."""
+just before a checkpoint write (it never happened) or just after an NVML change (the card did it); and the end of a
+`gpumgr run` test (`finish_agent_run`)."""
 
 from __future__ import annotations
 
+import shutil
+import signal
+import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from gpumgr.allocator import Ledger
 from gpumgr.mig.manager import MigManager
@@ -78,3 +83,24 @@ def truth(backend: Any) -> set[tuple[int, int, str, str]]:
 
 def recorded(ledger: Ledger) -> set[tuple[int, int, str, str]]:
     return {(s.card, s.start, s.profile, s.uuid) for s in ledger.slots.values()}
+
+
+async def finish_agent_run(agent: subprocess.Popen[Any], log: IO[Any], kubelet: Any, api: Any, workdir: Path,
+                           kept_log: str) -> str:
+    """End a `gpumgr run` test: stop the agent (SIGTERM; SIGABRT if it hangs, for its stack), the kubelet emulator
+    and the API test server; keep the agent's log as `kept_log` in the temp directory (for a failed run) and remove
+    the work directory. Returns the log, for the caller's checks of a clean exit."""
+    if agent.poll() is None:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            agent.send_signal(signal.SIGABRT)
+            agent.wait(timeout=10)
+    log.close()
+    await kubelet.stop()
+    await api.stop()
+    text = (workdir / "agent.log").read_text(errors="replace")
+    Path(tempfile.gettempdir(), kept_log).write_text(text)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return text

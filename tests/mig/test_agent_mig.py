@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from gpumgr.sim.kubelet import ContainerRequest, KubeletEmulator
 from gpumgr.sim.node import shim_source_for
 from tests.fakes import nvml_node
 from tests.fakes.nvml_node import FakeNvmlNode
+from tests.mig.harness import finish_agent_run
 
 pytestmark = pytest.mark.timeout(180)
 MIG_1G = "nvidia.com/mig-1g.10gb"
@@ -140,18 +140,6 @@ async def test_agent_serves_a_mig_layout_and_survives_kill_9():
         assert sorted(s.start for s in ledger.slots.values() if s.card == 0) == list(range(7))
         assert sorted(s.start for s in ledger.slots.values() if s.card == 1) == list(range(7))
     finally:
-        if agent.poll() is None:
-            agent.send_signal(signal.SIGTERM)
-            try:
-                agent.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                agent.send_signal(signal.SIGABRT)
-                agent.wait(timeout=10)
-        log.close()
-        await kubelet.stop()
-        await api.stop()
-        text = (workdir / "agent.log").read_text(errors="replace")
-        Path(tempfile.gettempdir(), "gpumgr-mig-agent-last.log").write_text(text)  # for a failed run
-        shutil.rmtree(workdir, ignore_errors=True)
+        text = await finish_agent_run(agent, log, kubelet, api, workdir, "gpumgr-mig-agent-last.log")
     assert agent.returncode == 0, text[-3000:]
     assert "Traceback" not in text, text[-3000:]

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import signal
 import subprocess
 import tempfile
 import uuid
@@ -24,6 +22,7 @@ from gpumgr.sim.kubeapi import KubeApiServer
 from gpumgr.sim.kubelet import ContainerRequest, KubeletEmulator
 from tests.fakes import nvml_node
 from tests.fakes.nvml_node import FakeNvmlNode
+from tests.mig.harness import finish_agent_run
 from tests.mig.test_agent_mig import agent_args
 
 pytestmark = pytest.mark.timeout(300)
@@ -90,18 +89,6 @@ async def test_a_changed_layout_label_is_applied_to_free_cards_while_serving():
         assert not [k for k in labels() if k.startswith("nvidia.com/mig-1g.10gb.")], labels()
         assert kubelet.allocatable(ONE) == 0
     finally:
-        if agent.poll() is None:
-            agent.send_signal(signal.SIGTERM)
-            try:
-                agent.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                agent.send_signal(signal.SIGABRT)
-                agent.wait(timeout=10)
-        log.close()
-        await kubelet.stop()
-        await api.stop()
-        text = (workdir / "agent.log").read_text(errors="replace")
-        Path(tempfile.gettempdir(), "gpumgr-mig-live-agent-last.log").write_text(text)  # for a failed run
-        shutil.rmtree(workdir, ignore_errors=True)
+        text = await finish_agent_run(agent, log, kubelet, api, workdir, "gpumgr-mig-live-agent-last.log")
     assert agent.returncode == 0, text[-3000:]
     assert "Traceback" not in text, text[-3000:]

@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from gpumgr.sim.node import shim_source_for
 from gpumgr.vdevice.limits import Limits
 from tests.fakes import nvml_node
 from tests.fakes.nvml_node import FakeNvmlNode
+from tests.mig.harness import finish_agent_run
 
 pytestmark = pytest.mark.timeout(300)
 SHARED = "nvidia.com/mig-1g.10gb.shared"
@@ -171,18 +171,6 @@ async def test_agent_serves_shares_of_an_instance_across_kill_9():
 
         await kubelet.wait_for(lambda: not shares() and not vdir.exists(), 60)
     finally:
-        if agent.poll() is None:
-            agent.send_signal(signal.SIGTERM)
-            try:
-                agent.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                agent.send_signal(signal.SIGABRT)
-                agent.wait(timeout=10)
-        log.close()
-        await kubelet.stop()
-        await api.stop()
-        text = (workdir / "agent.log").read_text(errors="replace")
-        Path(tempfile.gettempdir(), "gpumgr-mig-shared-agent-last.log").write_text(text)  # for a failed run
-        shutil.rmtree(workdir, ignore_errors=True)
+        text = await finish_agent_run(agent, log, kubelet, api, workdir, "gpumgr-mig-shared-agent-last.log")
     assert agent.returncode == 0, text[-3000:]
     assert "Traceback" not in text, text[-3000:]

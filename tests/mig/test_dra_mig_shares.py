@@ -256,7 +256,7 @@ def test_results_with_bad_consumed_capacity_are_refused_with_the_claim_named():
     [got] = mig_results_of(claim({"cores": "40", "memory": "4Gi"}), "d.io", "node-1")
     assert (got.cores, got.memory_bytes) == (40, 4 * GIB)
     for bad, why in (({"cores": "0"}, "outside 1..100"), ({"memory": "-1"}, "not a positive"),
-                     ({"multiprocessors": "3"}, "do not publish"), ({"cores": "lots"}, "consumedCapacity"),
+                     ({"multiprocessors": "3"}, "does not publish"), ({"cores": "lots"}, "consumedCapacity"),
                      ("x", "must be an object")):
         with pytest.raises(ClaimError, match=f"claim ns/x: device {THREE_G}.*{why}"):
             mig_results_of(claim(bad), "d.io", "node-1")

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,27 +47,35 @@ def mig_agent_args(env: Env, node: Node, fake: FakeNvmlNode, layouts: Path) -> l
             "--mig-layout=dp-on-card-0", "--mig-resource-prefix=nvidia.com/mig-", "--mig-strategy=mixed"]
 
 
-@pytest.fixture
-def mig_node(realk8s: Env) -> Iterator[Node]:
+@contextmanager
+def running_mig_node(env: Env, name: str, extra_args: tuple[str, ...] = ()) -> Iterator[Node]:
+    """A node whose agent runs on the fake NVML with two H100s in MIG mode and the layout `dp-on-card-0`
+    (`extra_args`: more agent flags); afterwards its pods and claims are deleted and the node removed."""
     nvml_node.build()
-    node = realk8s.cluster.add_node(MIG_NODE, labels={"nvidia.com/gpu.present": "true"})
+    node = env.cluster.add_node(name, labels={"nvidia.com/gpu.present": "true"})
     fake = FakeNvmlNode(node.dir / "nvml", INV, mig={0: "h100-80", 1: "h100-80"}, mig_on=(0, 1)).write()
     layouts = node.dir / "mig-layouts.json"
     layouts.write_text(json.dumps(LAYOUTS))
-    args = mig_agent_args(realk8s, node, fake, layouts)
-    proc = node.run_in_namespace(f"{MIG_NODE}-agent", [sys.executable, "-m", "gpumgr.cli", *args],
+    args = [*mig_agent_args(env, node, fake, layouts), *extra_args]
+    proc = node.run_in_namespace(f"{name}-agent", [sys.executable, "-m", "gpumgr.cli", *args],
                                  env={**os.environ, **fake.env()}, restart=True)
-    realk8s.gpumgr.agents[MIG_NODE] = proc
-    core = realk8s.core()
+    env.gpumgr.agents[name] = proc
+    core = env.core()
     w.ensure_namespace(core)
     yield node
     w.delete_all(core)
-    _delete_claims(realk8s)
+    _delete_claims(env)
     node.stop()
-    del realk8s.cluster.nodes[MIG_NODE]
-    core.delete_node(MIG_NODE)
-    wait_for("the MIG node gone", lambda: MIG_NODE not in [n.metadata.name for n in core.list_node().items], 60)
-    del realk8s.gpumgr.agents[MIG_NODE]
+    del env.cluster.nodes[name]
+    core.delete_node(name)
+    wait_for(f"node {name} gone", lambda: name not in [n.metadata.name for n in core.list_node().items], 60)
+    del env.gpumgr.agents[name]
+
+
+@pytest.fixture
+def mig_node(realk8s: Env) -> Iterator[Node]:
+    with running_mig_node(realk8s, MIG_NODE) as node:
+        yield node
 
 
 def test_pod_asking_a_mig_profile_runs_with_the_instances_devices(realk8s: Env, mig_node: Node) -> None:
@@ -233,25 +242,8 @@ MIG_1G_SHARED = "nvidia.com/mig-1g.10gb.shared"
 def mig_shared_node(realk8s: Env) -> Iterator[Node]:
     """A node like `mig_node` whose layout's 1g.10gb instances are served as shares: two replicas each
     (`--mig-shared=1g.10gb=2`, what the chart renders for agent.mig.shared; tests/chart/test_chart_mig.py)."""
-    nvml_node.build()
-    node = realk8s.cluster.add_node(MIG_SHARED_NODE, labels={"nvidia.com/gpu.present": "true"})
-    fake = FakeNvmlNode(node.dir / "nvml", INV, mig={0: "h100-80", 1: "h100-80"}, mig_on=(0, 1)).write()
-    layouts = node.dir / "mig-layouts.json"
-    layouts.write_text(json.dumps(LAYOUTS))
-    args = [*mig_agent_args(realk8s, node, fake, layouts), "--mig-shared=1g.10gb=2"]
-    proc = node.run_in_namespace(f"{MIG_SHARED_NODE}-agent", [sys.executable, "-m", "gpumgr.cli", *args],
-                                 env={**os.environ, **fake.env()}, restart=True)
-    realk8s.gpumgr.agents[MIG_SHARED_NODE] = proc
-    core = realk8s.core()
-    w.ensure_namespace(core)
-    yield node
-    w.delete_all(core)
-    node.stop()
-    del realk8s.cluster.nodes[MIG_SHARED_NODE]
-    core.delete_node(MIG_SHARED_NODE)
-    wait_for("the shared MIG node gone", lambda: MIG_SHARED_NODE not in [n.metadata.name for n in
-                                                                        core.list_node().items], 60)
-    del realk8s.gpumgr.agents[MIG_SHARED_NODE]
+    with running_mig_node(realk8s, MIG_SHARED_NODE, ("--mig-shared=1g.10gb=2",)) as node:
+        yield node
 
 
 def test_a_share_inside_a_mig_instance_gets_its_memory_limit(realk8s: Env, mig_shared_node: Node) -> None:

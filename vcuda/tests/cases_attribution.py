@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import grpc
-from harness import UUID_A, Container, Fixture, GiB, Node, first_line
+from harness import UUID_A, Container, Fixture, GiB, Node, finish_load, first_line
 from registry import case
 from vdevice_server import Reply, VDeviceTestServer
 
@@ -41,16 +41,6 @@ def _load(c: Container, node: Node, seconds: float, prefix: list[str] | None = N
     return p, int(first_line(p, "PID").split()[1])
 
 
-def _finish(p: subprocess.Popen[str]) -> str:
-    try:
-        out, err = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        raise AssertionError("a load did not finish") from None
-    assert p.returncode == 0 and "FAIL" not in out, out + err
-    return err
-
-
 @case("compute: a process whose host PID is unknown (own PID namespace, limits file) is still limited", slow=True)
 def unknown_host_pid(fx: Fixture) -> None:
     unshare = shutil.which("unshare")
@@ -60,7 +50,7 @@ def unknown_host_pid(fx: Fixture) -> None:
     c.write_limits([(UUID_A, 0)], core=30)  # the file has no host PID; NVML reports the host's PIDs
     t0 = time.monotonic_ns()
     p, pid = _load(c, node, 6.5, prefix=[unshare, "-p", "-f", "--kill-child"])
-    err = _finish(p)
+    err = finish_load(p)[1]
     util = node.busy(0, t0 + 2 * S, t0 + 6 * S, [pid])
     fx.figure(f"hard 30%, host PID unknown (measured from the card): {util:5.1f}%")
     assert 15 <= util <= 45, f"a hard-30% container whose host PID is unknown got {util:.1f}% of the card\n{err}"
@@ -75,8 +65,8 @@ def one_process_without_nvml(fx: Fixture) -> None:
     a, pid_a = _load(c, node, 7.5)
     time.sleep(0.5)
     b, pid_b = _load(c, node, 7.0, FAKEGPU_NVML_HANDLES="unsupported")
-    _finish(a)
-    _finish(b)
+    finish_load(a)
+    finish_load(b)
     util = node.busy(0, t0 + 3 * S, t0 + 7 * S, [pid_a, pid_b])
     fx.figure(f"hard 30%, one of two processes without NVML: {util:5.1f}%")
     assert 15 <= util <= 45, f"a hard-30% container, one process without NVML, got {util:.1f}% of the card"
@@ -91,7 +81,7 @@ def wrong_host_pid(fx: Fixture) -> None:
     with VDeviceTestServer(str(c.socket), reply):
         t0 = time.monotonic_ns()
         p, pid = _load(c, node, 6.5)
-        err = _finish(p)
+        err = finish_load(p)[1]
     util = node.busy(0, t0 + 2 * S, t0 + 6 * S, [pid])
     fx.figure(f"hard 30%, NVML's PIDs not the container's: {util:5.1f}%")
     assert 15 <= util <= 45, f"a hard-30% container NVML cannot see got {util:.1f}% of the card\n{err}"
@@ -112,7 +102,7 @@ def wrong_host_pid_big_kernels(fx: Fixture) -> None:
     with VDeviceTestServer(str(c.socket), reply):
         t0 = time.monotonic_ns()
         p, pid = _load(c, node, 6.5, blocks=1000)
-        err = _finish(p)
+        err = finish_load(p)[1]
     util = node.busy(0, t0 + 2 * S, t0 + 6 * S, [pid])
     fx.figure(f"hard 30%, NVML's PIDs not the container's, 10 ms kernels: {util:5.1f}%")
     assert 15 <= util <= 45, f"a hard-30% container NVML cannot see got {util:.1f}% of the card\n{err}"

@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from harness import UUID_A, UUID_B, Container, Fixture, GiB, MiB, Node, fields, first_line, stop
+from harness import UUID_A, UUID_B, Container, Fixture, GiB, MiB, Node, fields, finish_load, first_line, status_of, stop
 from registry import case
 
 S = 1_000_000_000
@@ -24,26 +24,6 @@ def _load(c: Container, node: Node, seconds: float, blocks: int = 100, **env: st
     return p, int(first_line(p, "PID").split()[1])
 
 
-def _finish(p: subprocess.Popen[str]) -> tuple[str, str]:
-    try:
-        out, err = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        raise AssertionError("a load did not finish") from None
-    assert p.returncode == 0 and "FAIL" not in out, out + err
-    return out, err
-
-
-def _status(c: Container) -> dict[str, str]:
-    files = sorted(c.shm.glob("vcuda-*.status"))
-    assert len(files) == 1, f"expected one status file in {c.shm}, found {files}"
-    out = {}
-    for ln in files[0].read_text().splitlines():
-        k, _, v = ln.partition("=")
-        out[k] = v
-    return out
-
-
 # ---- item 14: no per-process utilisation ----
 
 
@@ -55,11 +35,11 @@ def no_process_util(fx: Fixture) -> None:
     c.write_limits([(UUID_A, 0)], core=50)
     t0 = time.monotonic_ns()
     p, pid = _load(c, node, 8.5, FAKEGPU_NVML_PROC_UTIL="unsupported")
-    _, err = _finish(p)
+    _, err = finish_load(p)
     util = node.busy(0, t0 + 2 * S, t0 + 8 * S, [pid])
     fx.figure(f"hard 50%, no per-process NVML utilisation (device utilisation): {util:5.1f}%")
     assert 25 <= util <= 75, f"a hard-50% container got {util:.1f}% of the card"
-    st = _status(c)
+    st = status_of(c)
     assert st.get("device0_compute") == "device", st
     assert err.count("per-process utilisation") == 1, err
 
@@ -72,12 +52,12 @@ def no_util_at_all(fx: Fixture) -> None:
     t0 = time.monotonic_ns()
     env = {"FAKEGPU_NVML_PROC_UTIL": "unsupported", "FAKEGPU_NVML_DEV_UTIL": "unsupported"}
     loads = [_load(c, node, 4.5, **env) for _ in range(2)]
-    errs = [_finish(p)[1] for p, _ in loads]
+    errs = [finish_load(p)[1] for p, _ in loads]
     util = node.busy(0, t0 + 2 * S, t0 + 4 * S, [pid for _, pid in loads])
     assert util >= 80, f"an unmeasurable container was still held to {util:.1f}%"
     warned = sum(e.count("not enforced") for e in errs)
     assert warned == 1, f"the container warned {warned} times:\n" + "\n".join(errs)
-    st = _status(c)
+    st = status_of(c)
     assert st.get("device0_uuid") == UUID_A and st.get("device0_compute") == "unthrottled", st
 
 
@@ -92,7 +72,7 @@ def ramp_up(fx: Fixture) -> None:
     # Small kernels (1 block of 10 us): a free-running process keeps the card busy on its own.
     t0 = time.monotonic_ns()
     p, pid = _load(c, node, 1.0, blocks=1)
-    _finish(p)
+    finish_load(p)
     first = node.busy(0, t0 + S // 5, t0 + int(0.7 * S), [pid])
     fx.figure(f"hard 50%, 10 us kernels, 0.2-0.7 s after start: {first:5.1f}%")
     assert first >= 10, f"a hard-50% container reached only {first:.1f}% of the card 0.2-0.7 s after it started"
@@ -101,8 +81,8 @@ def ramp_up(fx: Fixture) -> None:
     free.write_limits([(UUID_A, 0)], core=50)
     unl = fx.container("unlimited")
     unl.write_limits([(UUID_A, 0)], core=0)
-    lim_out, _ = _finish(_load(free, node, 1.0, blocks=1, FAKEGPU_BLOCK_NS="10")[0])
-    unl_out, _ = _finish(_load(unl, node, 1.0, blocks=1, FAKEGPU_BLOCK_NS="10")[0])
+    lim_out, _ = finish_load(_load(free, node, 1.0, blocks=1, FAKEGPU_BLOCK_NS="10")[0])
+    unl_out, _ = finish_load(_load(unl, node, 1.0, blocks=1, FAKEGPU_BLOCK_NS="10")[0])
     lim_n = int(lim_out.split("LAUNCHES")[1].split()[0])
     unl_n = int(unl_out.split("LAUNCHES")[1].split()[0])
     fx.figure(f"free kernels, first second: {lim_n} launches limited, {unl_n} unlimited")
@@ -225,7 +205,7 @@ def slow_nvml(fx: Fixture) -> None:
     c.write_limits([(UUID_A, 0)], core=30)
     t0 = time.monotonic_ns()
     p, pid = _load(c, node, 9.5)
-    _finish(p)
+    finish_load(p)
     util = node.busy(0, t0 + 3 * S, t0 + 9 * S, [pid])
     fx.figure(f"hard 30%, NVML sampled every 400 ms: {util:5.1f}%")
     assert 20 <= util <= 40, f"a hard-30% container got {util:.1f}% with NVML sampling every 400 ms"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from harness import Container, Fixture, GiB, MiB, Node, first_line
+from harness import Container, Fixture, GiB, MiB, Node, finish_load, first_line, status_of
 from registry import case
 
 S = 1_000_000_000
@@ -33,26 +33,6 @@ def _load(c: Container, node: Node, seconds: float) -> tuple[subprocess.Popen[st
     return p, int(first_line(p, "PID").split()[1])
 
 
-def _finish(p: subprocess.Popen[str]) -> str:
-    try:
-        out, err = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        raise AssertionError("a load did not finish") from None
-    assert p.returncode == 0 and "FAIL" not in out, out + err
-    return err
-
-
-def _status(c: Container) -> dict[str, str]:
-    files = sorted(c.shm.glob("vcuda-*.status"))
-    assert len(files) == 1, f"expected one status file in {c.shm}, found {files}"
-    out = {}
-    for ln in files[0].read_text().splitlines():
-        k, _, v = ln.partition("=")
-        out[k] = v
-    return out
-
-
 @case("mig: a MIG instance on a Hopper card holds a hard 30% limit from GPM per-instance samples", slow=True)
 def hopper_gpm(fx: Fixture) -> None:
     node = _mig_node(fx, H100, MIG_H, "hopper", "NVIDIA H100 80GB HBM3 MIG 1g.10gb")
@@ -60,11 +40,11 @@ def hopper_gpm(fx: Fixture) -> None:
     c.write_limits([(MIG_H, 0)], core=30, hard=1)
     t0 = time.monotonic_ns()
     p, pid = _load(c, node, WARMUP + WINDOW + 0.5)
-    err = _finish(p)
+    err = finish_load(p)[1]
     util = node.busy(0, t0 + int(WARMUP * S), t0 + int((WARMUP + WINDOW) * S), [pid])
     fx.figure(f"hard 30% inside a MIG instance (GPM): achieved {util:5.1f}% over {WINDOW:.0f} s")
     assert abs(util - 30) <= 5, f"target 30%, achieved {util:.1f}%\n{err}"
-    st = _status(c)
+    st = status_of(c)
     assert st.get("device0_uuid") == MIG_H and st.get("device0_compute") == "gpm", st
     assert "not enforced" not in err, err
 
@@ -80,8 +60,8 @@ def hopper_shared(fx: Fixture) -> None:
     time.sleep(WARMUP)  # alone in the instance: the instance's figure is its own, and it learns its launch cost;
     # the newcomer holds its launches once to measure what the first one uses, and learns its own from the rest
     pb, pidb = _load(b, node, WARMUP + WINDOW + 0.5)
-    _finish(pa)
-    _finish(pb)
+    finish_load(pa)
+    finish_load(pb)
     w0, w1 = t0 + int(2 * WARMUP * S), t0 + int((2 * WARMUP + WINDOW) * S)
     ua, ub = node.busy(0, w0, w1, [pida]), node.busy(0, w0, w1, [pidb])
     fx.figure(f"30% then 50% joining one MIG instance (GPM, launch accounting, a probe): {ua:5.1f}% / {ub:5.1f}%")
@@ -100,8 +80,8 @@ def hopper_together(fx: Fixture) -> None:
     t0 = time.monotonic_ns()
     pa, pida = _load(a, node, 2 * WARMUP + WINDOW + 0.5)
     pb, pidb = _load(b, node, 2 * WARMUP + WINDOW + 0.5)
-    _finish(pa)
-    _finish(pb)
+    finish_load(pa)
+    finish_load(pb)
     w0, w1 = t0 + int(2 * WARMUP * S), t0 + int((2 * WARMUP + WINDOW) * S)
     ua, ub = node.busy(0, w0, w1, [pida]), node.busy(0, w0, w1, [pidb])
     fx.figure(f"30% and 50% starting together in one MIG instance (GPM + probes): {ua:5.1f}% / {ub:5.1f}%")
@@ -119,12 +99,12 @@ def ampere_none(fx: Fixture) -> None:
     c.write_limits([(MIG_A, 1 * GiB)], core=30, hard=1)
     t0 = time.monotonic_ns()
     p, pid = _load(c, node, 4.5)
-    err = _finish(p)
+    err = finish_load(p)[1]
     util = node.busy(0, t0 + 2 * S, t0 + 4 * S, [pid])
     assert util >= 80, f"a container that cannot be measured was still held to {util:.1f}%"
     assert err.count("not enforced") == 1, err
     assert "MIG instance on a card without GPM" in err, err
-    st = _status(c)
+    st = status_of(c)
     assert st.get("device0_uuid") == MIG_A and st.get("device0_compute") == "unthrottled", st
     filled = int(c.run("vcmem", "fill", env=c.env(node)).ok().line("FILLED").split()[1])
     assert 1 * GiB - 64 * MiB <= filled <= 1 * GiB, f"filled {filled} bytes under a 1 GiB limit"

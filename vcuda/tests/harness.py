@@ -173,6 +173,28 @@ def first_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 15) ->
     raise AssertionError(f"no {prefix!r} line within {timeout}s")
 
 
+def finish_load(p: subprocess.Popen[str]) -> tuple[str, str]:
+    """Wait (60 s at most) for a load program to end and check that it passed; its (stdout, stderr)."""
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError("a load did not finish") from None
+    assert p.returncode == 0 and "FAIL" not in out, out + err
+    return out, err
+
+
+def status_of(c: Container) -> dict[str, str]:
+    """The key=value lines of the container's one shim status file."""
+    files = sorted(c.shm.glob("vcuda-*.status"))
+    assert len(files) == 1, f"expected one status file in {c.shm}, found {files}"
+    out = {}
+    for ln in files[0].read_text().splitlines():
+        k, _, v = ln.partition("=")
+        out[k] = v
+    return out
+
+
 def stop(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         proc.kill()
