@@ -36,7 +36,9 @@ INV = Inventory(gpus=tuple(GPU(index=i, uuid=f"GPU-{i:08d}-e2e", minor=i, name="
                                memory_mib=81920) for i in range(2)), levels=(("X", "NV18"), ("NV18", "X")))
 
 
-def agent_args(workdir: Path, node: FakeNvmlNode) -> list[str]:
+def agent_args(workdir: Path, node: FakeNvmlNode, mig_flags: tuple[str, ...] = ("--mig-layout", "all-3g.40gb")
+               ) -> list[str]:
+    """`gpumgr run` on the fake NVML node in `workdir`, with these MIG flags (the layout by default)."""
     return [
         sys.executable, "-m", "gpumgr.cli", "run", "--node-name", "mig-node",
         "--kubeconfig", str(workdir / "kubeconfig"), "--device-plugin-dir", str(workdir / "dp"),
@@ -45,7 +47,7 @@ def agent_args(workdir: Path, node: FakeNvmlNode) -> list[str]:
         "--shim-dir", str(workdir / "vdriver"), "--shim-source", str(shim_source_for(workdir)),
         "--driver-root", str(workdir / "driver-root"), "--log-level", "info",
         "--nvml-lib", str(nvml_node.library()), "--sysfs-root", str(workdir / "sys"),
-        "--mig-layout", "all-3g.40gb", "--mig-minors", str(node.mig_minors),
+        *mig_flags, "--mig-minors", str(node.mig_minors),
     ]
 
 

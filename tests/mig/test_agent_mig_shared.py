@@ -30,10 +30,10 @@ from gpumgr.pb import vdevice_pb2 as vpb
 from gpumgr.pb import vdevice_pb2_grpc as vpb_grpc
 from gpumgr.sim.kubeapi import KubeApiServer
 from gpumgr.sim.kubelet import ContainerRequest, KubeletEmulator
-from gpumgr.sim.node import shim_source_for
 from gpumgr.vdevice.limits import Limits
 from tests.fakes import nvml_node
 from tests.fakes.nvml_node import FakeNvmlNode
+from tests.mig import test_agent_mig
 from tests.mig.harness import finish_agent_run
 
 pytestmark = pytest.mark.timeout(300)
@@ -44,17 +44,8 @@ INV = Inventory(gpus=(GPU(index=0, uuid="GPU-00000000-share", minor=0, name="NVI
 
 
 def agent_args(workdir: Path, node: FakeNvmlNode) -> list[str]:
-    return [
-        sys.executable, "-m", "gpumgr.cli", "run", "--node-name", "mig-node",
-        "--kubeconfig", str(workdir / "kubeconfig"), "--device-plugin-dir", str(workdir / "dp"),
-        "--vdevice-root", str(workdir / "vm"), "--checkpoint-dir", str(workdir / "ckpt"),
-        "--dev-root", str(workdir / "dev"), "--metrics-addr", "127.0.0.1:0",
-        "--shim-dir", str(workdir / "vdriver"), "--shim-source", str(shim_source_for(workdir)),
-        "--driver-root", str(workdir / "driver-root"), "--log-level", "info",
-        "--nvml-lib", str(nvml_node.library()), "--sysfs-root", str(workdir / "sys"),
-        "--mig-layouts-file", str(workdir / "layouts.json"), "--mig-layout", "mix",
-        "--mig-shared", "1g.10gb=4", "--mig-minors", str(node.mig_minors),
-    ]
+    return test_agent_mig.agent_args(workdir, node, ("--mig-layouts-file", str(workdir / "layouts.json"),
+                                                     "--mig-layout", "mix", "--mig-shared", "1g.10gb=4"))
 
 
 def pod(api: KubeApiServer, name: str, resource: str, n: int) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from harness import UUID_A, UUID_B, Container, Fixture, GiB, Node, first_line
+from harness import UUID_A, UUID_B, Container, Fixture, GiB, Node, finish_load, first_line
 from registry import case
 
 WARMUP = 3.0
@@ -25,12 +25,7 @@ def _load(
 
 def _finish(*procs: subprocess.Popen[str]) -> None:
     for p in procs:
-        try:
-            out, err = p.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            raise AssertionError("a load did not finish") from None
-        assert p.returncode == 0 and "FAIL" not in out, out + err
+        finish_load(p)
 
 
 def _single(
