@@ -74,7 +74,6 @@
     X(nvmlDeviceGetGpuInstanceId)                                                                      \
     X(nvmlGpmQueryDeviceSupport)                                                                       \
     X(nvmlGpmSampleAlloc)                                                                              \
-    X(nvmlGpmSampleFree)                                                                               \
     X(nvmlGpmMigSampleGet)                                                                             \
     X(nvmlGpmMetricsGet)
 

@@ -134,8 +134,6 @@ typedef nvmlReturn_t ft_nvmlGpmQueryDeviceSupport(nvmlDevice_t, nvmlGpmSupport_t
 typedef ft_nvmlGpmQueryDeviceSupport *pfn_nvmlGpmQueryDeviceSupport;
 typedef nvmlReturn_t ft_nvmlGpmSampleAlloc(nvmlGpmSample_t *);
 typedef ft_nvmlGpmSampleAlloc *pfn_nvmlGpmSampleAlloc;
-typedef nvmlReturn_t ft_nvmlGpmSampleFree(nvmlGpmSample_t);
-typedef ft_nvmlGpmSampleFree *pfn_nvmlGpmSampleFree;
 typedef nvmlReturn_t ft_nvmlGpmMigSampleGet(nvmlDevice_t, unsigned int, nvmlGpmSample_t);
 typedef ft_nvmlGpmMigSampleGet *pfn_nvmlGpmMigSampleGet;
 typedef nvmlReturn_t ft_nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *);

@@ -54,7 +54,9 @@ static atomic_int watcher_running;
 /* A MIG instance as this process's NVML sees it: GPM samples are taken on its
  * card for its GPU instance. Process-local (sample buffers belong to this
  * process's NVML); the controller step goes to whichever process of the
- * container wins it, and each keeps its own previous sample. */
+ * container wins it, and each keeps its own previous sample. The two sample
+ * buffers are allocated once per device at CUDA start (probe_mig) and kept
+ * for the process's life: never freed while the watcher may still sample. */
 static struct gpm_dev {
     int mig;                /* the slot's device is a MIG instance */
     nvmlDevice_t parent;    /* its card */
