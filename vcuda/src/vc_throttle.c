@@ -626,6 +626,17 @@ static uint64_t jitter(uint64_t base, uint64_t span)
     return base + (span ? x % span : 0);
 }
 
+/* A GPM figure of this process whose whole window lies in the probe's hold
+ * (after the drain): 0 with it; 1 when its window reaches back before that
+ * (its previous sample was taken by this process outside the probe, and may
+ * include the container's own work: the new sample is its baseline). Else
+ * gpm_util()'s answer. */
+static int held_util(int s, uint64_t now, uint64_t began, uint64_t *fig)
+{
+    int rc = gpm_util(s, now, fig);
+    return rc == 0 && gpm[s].window_ns < began + PROBE_DRAIN_NS ? 1 : rc;
+}
+
 /* The probe of a container sharing a MIG instance with no learned share
  * (started by sample_device()):
  * its launches are held (PROBE_DRAIN_NS for what is queued to finish), a GPM
@@ -651,7 +662,7 @@ static int probe_step(int s, struct vc_throttle *t, uint64_t now)
         if (gpm_util(s, now, &fig) == 1)
             atomic_store(&t->probe, 2);
         return 1;
-    } else if ((rc = gpm_util(s, now, &fig)) == 0 && phase == 2) {
+    } else if ((rc = held_util(s, now, began, &fig)) == 0 && phase == 2) {
         atomic_store(&t->others_idle, fig); /* the first figure; a second one must agree */
         atomic_store(&t->probe, 3);
         return 1;
