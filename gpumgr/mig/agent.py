@@ -150,7 +150,7 @@ async def start(state: NodeState, backend: Any, settings: MigSettings,
     name = lay.chosen(await node_labels(), settings.layout or None)
     if name:
         try:
-            layout = lay.parse(name, load_layouts(settings.layouts_file))
+            layout = lay.parse(name, await asyncio.to_thread(load_layouts, settings.layouts_file))
         except (lay.LayoutError, ValueError) as e:
             log.error("MIG layout not applied: %s", e)
     manager, plan = await mig_node.start(state, backend, layout)
