@@ -6,7 +6,6 @@ marks that instance only (the card's other instances and its whole-card health s
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -18,6 +17,7 @@ from gpumgr.deviceplugin import mig as plugin
 from gpumgr.deviceplugin import mig_shared as shared
 from gpumgr.deviceplugin.supervisor import PluginSpec
 from gpumgr.devices.types import HealthEvent
+from gpumgr.files.docfile import InputError, load_doc
 from gpumgr.mig import layout as lay
 from gpumgr.mig import node as mig_node
 from gpumgr.mig.apply import apply_layout
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpumgr.mig")
 LABEL_READ_S = 5.0
-_MAX_LAYOUTS_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -97,28 +96,22 @@ class MigRuntime:
 
 
 def load_layouts(path: str) -> dict[str, Any]:
-    """The configured layouts file (JSON), or ValueError naming the file."""
+    """The configured layouts file (JSON, or YAML), bounded in size and depth by gpumgr/files/docfile.py; ValueError
+    naming the file and line."""
     if not path:
         return {}
     try:
-        with open(path, "rb") as f:
-            data = f.read(_MAX_LAYOUTS_BYTES + 1)
-    except OSError as e:
-        raise ValueError(f"--mig-layouts-file {path}: cannot read: {e.strerror or e}") from None
-    if len(data) > _MAX_LAYOUTS_BYTES:
-        raise ValueError(f"--mig-layouts-file {path}: larger than {_MAX_LAYOUTS_BYTES} bytes")
-    try:
-        doc = json.loads(data)
-    except ValueError as e:
-        raise ValueError(f"--mig-layouts-file {path}: not JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"--mig-layouts-file {path}: must be an object of named layouts")
-    for name in doc:
+        doc = load_doc(path)
+    except InputError as e:
+        raise ValueError(f"--mig-layouts-file {e}") from None
+    if not isinstance(doc.data, dict):
+        raise ValueError(f"--mig-layouts-file {path}:1: must be an object of named layouts")
+    for name in doc.data:
         try:
-            lay.parse(str(name), doc)
+            lay.parse(str(name), doc.data)
         except lay.LayoutError as e:
-            raise ValueError(f"--mig-layouts-file {path}: {e}") from None
-    return doc
+            raise ValueError(f"--mig-layouts-file {path}:{doc.line((name,))}: {e}") from None
+    return dict(doc.data)
 
 
 def parse_shared(text: str) -> dict[str, int]:
