@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpumgr.mig")
 LABEL_READ_S = 5.0
+_MAX_SHARED = 64  # profiles in --mig-shared (NVIDIA cards have fewer than 20)
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,10 @@ def load_layouts(path: str) -> dict[str, Any]:
 def parse_shared(text: str) -> dict[str, int]:
     """`--mig-shared 1g.10gb=4,2g.20gb=2` -> {profile: replicas}; ValueError naming what is wrong."""
     out: dict[str, int] = {}
-    for item in [x.strip() for x in text.split(",") if x.strip()][:64]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if len(items) > _MAX_SHARED:
+        raise ValueError(f"--mig-shared: at most {_MAX_SHARED} profiles, got {len(items)}")
+    for item in items:
         name, eq, n = item.partition("=")
         name = name.strip()
         if not eq or not re.fullmatch(r"[1-8]g\.[0-9]{1,3}gb(\+me)?", name) or not n.strip().isdigit() \
