@@ -120,7 +120,7 @@ class MigPluginServicer(pb_grpc.DevicePluginServicer):
                                     "(destroyed by a layout change?)")
             wanted.append([by_uuid[i] for i in ids])
         try:
-            minors = read_minors(self.config.mig_minors)
+            minors = await self.state.run_io(read_minors, self.config.mig_minors)  # off the event loop
             responses = [self._response(slots, minors) for slots in wanted]
         except CapsError as e:
             log.error("%s: Allocate refused: %s", self.resource, e)

@@ -138,7 +138,7 @@ class MigSharedServicer(whole.MigPluginServicer):
                                     f"(a share lives inside one instance), got {len(uuids)} instances")
             wanted.append((by_uuid[uuids.pop()], ids))
         try:
-            minors = read_minors(self.config.mig_minors)
+            minors = await self.state.run_io(read_minors, self.config.mig_minors)  # off the event loop
             nodes = [instance_nodes(minors, self.state.inventory.gpus[s.card].minor, s.gi or 0, s.ci or 0,
                                     self.config.mig_minors) for s, _ in wanted]
         except CapsError as e:

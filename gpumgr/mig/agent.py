@@ -6,7 +6,6 @@ marks that instance only (the card's other instances and its whole-card health s
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -18,6 +17,7 @@ from gpumgr.deviceplugin import mig as plugin
 from gpumgr.deviceplugin import mig_shared as shared
 from gpumgr.deviceplugin.supervisor import PluginSpec
 from gpumgr.devices.types import HealthEvent
+from gpumgr.files.docfile import InputError, load_doc
 from gpumgr.mig import layout as lay
 from gpumgr.mig import node as mig_node
 from gpumgr.mig.apply import apply_layout
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpumgr.mig")
 LABEL_READ_S = 5.0
-_MAX_LAYOUTS_BYTES = 1 << 20
+_MAX_SHARED = 64  # profiles in --mig-shared (NVIDIA cards have fewer than 20)
 
 
 @dataclass(frozen=True)
@@ -97,34 +97,31 @@ class MigRuntime:
 
 
 def load_layouts(path: str) -> dict[str, Any]:
-    """The configured layouts file (JSON), or ValueError naming the file."""
+    """The configured layouts file (JSON, or YAML), bounded in size and depth by gpumgr/files/docfile.py; ValueError
+    naming the file and line."""
     if not path:
         return {}
     try:
-        with open(path, "rb") as f:
-            data = f.read(_MAX_LAYOUTS_BYTES + 1)
-    except OSError as e:
-        raise ValueError(f"--mig-layouts-file {path}: cannot read: {e.strerror or e}") from None
-    if len(data) > _MAX_LAYOUTS_BYTES:
-        raise ValueError(f"--mig-layouts-file {path}: larger than {_MAX_LAYOUTS_BYTES} bytes")
-    try:
-        doc = json.loads(data)
-    except ValueError as e:
-        raise ValueError(f"--mig-layouts-file {path}: not JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"--mig-layouts-file {path}: must be an object of named layouts")
-    for name in doc:
+        doc = load_doc(path)
+    except InputError as e:
+        raise ValueError(f"--mig-layouts-file {e}") from None
+    if not isinstance(doc.data, dict):
+        raise ValueError(f"--mig-layouts-file {path}:1: must be an object of named layouts")
+    for name in doc.data:
         try:
-            lay.parse(str(name), doc)
+            lay.parse(str(name), doc.data)
         except lay.LayoutError as e:
-            raise ValueError(f"--mig-layouts-file {path}: {e}") from None
-    return doc
+            raise ValueError(f"--mig-layouts-file {path}:{doc.line((name,))}: {e}") from None
+    return dict(doc.data)
 
 
 def parse_shared(text: str) -> dict[str, int]:
     """`--mig-shared 1g.10gb=4,2g.20gb=2` -> {profile: replicas}; ValueError naming what is wrong."""
     out: dict[str, int] = {}
-    for item in [x.strip() for x in text.split(",") if x.strip()][:64]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if len(items) > _MAX_SHARED:
+        raise ValueError(f"--mig-shared: at most {_MAX_SHARED} profiles, got {len(items)}")
+    for item in items:
         name, eq, n = item.partition("=")
         name = name.strip()
         if not eq or not re.fullmatch(r"[1-8]g\.[0-9]{1,3}gb(\+me)?", name) or not n.strip().isdigit() \
@@ -150,7 +147,7 @@ async def start(state: NodeState, backend: Any, settings: MigSettings,
     name = lay.chosen(await node_labels(), settings.layout or None)
     if name:
         try:
-            layout = lay.parse(name, load_layouts(settings.layouts_file))
+            layout = lay.parse(name, await asyncio.to_thread(load_layouts, settings.layouts_file))
         except (lay.LayoutError, ValueError) as e:
             log.error("MIG layout not applied: %s", e)
     manager, plan = await mig_node.start(state, backend, layout)

@@ -47,7 +47,7 @@ class LiveLayout:
         if retry and not rt.layout_refused:
             return False
         try:
-            layout = lay.parse(name, load_layouts(rt.settings.layouts_file))
+            layout = lay.parse(name, await asyncio.to_thread(load_layouts, rt.settings.layouts_file))
         except (lay.LayoutError, ValueError) as e:
             if retry:
                 return False

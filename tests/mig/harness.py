@@ -5,18 +5,24 @@ just before a checkpoint write (it never happened) or just after an NVML change 
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 from gpumgr.allocator import Ledger
+from gpumgr.devices.nvml import NvmlBackend
 from gpumgr.mig.manager import MigManager
 from gpumgr.mig.types import MigInstance
 from gpumgr.node.checkpoint import CheckpointStore
+from gpumgr.sim.kubeapi import KubeApiServer
+from gpumgr.sim.kubelet import KubeletEmulator
+from tests.fakes import nvml_node
 
 
 class Crash(BaseException):
@@ -75,6 +81,28 @@ class Node:
         return result
 
 
+@contextmanager
+def nvml_lives(tmp_path: Path) -> Iterator[Callable[[], NvmlBackend]]:
+    """`open()` -> a new NVML backend over the fake node of the environment (one agent life): the one before is
+    closed first, as a dead agent's NVML session is; the last one is closed at the end."""
+    opened: list[NvmlBackend] = []
+
+    def open_backend() -> NvmlBackend:
+        for b in opened:
+            b.close()
+        opened.clear()
+        b = NvmlBackend(library=str(nvml_node.library()), sysfs_root=str(tmp_path / "no-sysfs"))
+        b.inventory()
+        opened.append(b)
+        return b
+
+    try:
+        yield open_backend
+    finally:
+        for b in opened:
+            b.close()
+
+
 def truth(backend: Any) -> set[tuple[int, int, str, str]]:
     """(card, start, profile, uuid) of every instance the card has."""
     cards = backend.cards() if hasattr(backend, "cards") else backend.mig_cards()
@@ -83,6 +111,21 @@ def truth(backend: Any) -> set[tuple[int, int, str, str]]:
 
 def recorded(ledger: Ledger) -> set[tuple[int, int, str, str]]:
     return {(s.card, s.start, s.profile, s.uuid) for s in ledger.slots.values()}
+
+
+async def start_agent_run(workdir: Path, node: Any, labels: dict[str, str]) \
+        -> tuple[KubeApiServer, KubeletEmulator, IO[bytes], dict[str, str]]:
+    """Begin a `gpumgr run` test: the API test server (kubeconfig in `workdir`, Node `mig-node` with `labels`), the
+    kubelet emulator (device plugins in `workdir`/dp), the agent's log file and environment (the fake NVML node's);
+    the caller starts the agent with them and ends with `finish_agent_run`."""
+    api = KubeApiServer()
+    await api.start()
+    api.write_kubeconfig(workdir / "kubeconfig")
+    api.store.create_node({"metadata": {"name": "mig-node", "labels": labels}})
+    kubelet = KubeletEmulator(workdir / "dp")
+    await kubelet.start()
+    log = open(workdir / "agent.log", "ab")  # noqa: SIM115 - closed by finish_agent_run
+    return api, kubelet, log, {**os.environ, **node.env(), "PYTHONFAULTHANDLER": "1"}
 
 
 async def finish_agent_run(agent: subprocess.Popen[Any], log: IO[Any], kubelet: Any, api: Any, workdir: Path,

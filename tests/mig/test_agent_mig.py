@@ -7,7 +7,6 @@ instances with the pod's holding kept."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
 import subprocess
@@ -23,12 +22,11 @@ from gpumgr.devices.types import GPU, Inventory
 from gpumgr.node import inventory as node_inventory
 from gpumgr.node.checkpoint import CheckpointStore
 from gpumgr.requests.podspec import ANN_NODE_INVENTORY
-from gpumgr.sim.kubeapi import KubeApiServer
-from gpumgr.sim.kubelet import ContainerRequest, KubeletEmulator
+from gpumgr.sim.kubelet import ContainerRequest
 from gpumgr.sim.node import shim_source_for
 from tests.fakes import nvml_node
 from tests.fakes.nvml_node import FakeNvmlNode
-from tests.mig.harness import finish_agent_run
+from tests.mig.harness import finish_agent_run, start_agent_run
 
 pytestmark = pytest.mark.timeout(180)
 MIG_1G = "nvidia.com/mig-1g.10gb"
@@ -55,14 +53,7 @@ async def test_agent_serves_a_mig_layout_and_survives_kill_9():
     nvml_node.build()
     workdir = Path(tempfile.mkdtemp(prefix="gpm", dir="/tmp"))
     node = FakeNvmlNode(workdir / "nvml", INV, mig={0: "h100-80", 1: "h100-80"}, mig_on=(0,)).write()
-    api = KubeApiServer()
-    await api.start()
-    api.write_kubeconfig(workdir / "kubeconfig")
-    api.store.create_node({"metadata": {"name": "mig-node", "labels": {"nvidia.com/mig.config": "all-1g.10gb"}}})
-    kubelet = KubeletEmulator(workdir / "dp")
-    await kubelet.start()
-    log = open(workdir / "agent.log", "ab")  # noqa: SIM115 - closed below
-    env = {**os.environ, **node.env(), "PYTHONFAULTHANDLER": "1"}
+    api, kubelet, log, env = await start_agent_run(workdir, node, {"nvidia.com/mig.config": "all-1g.10gb"})
     agent = subprocess.Popen(agent_args(workdir, node), stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         await kubelet.wait_registered(MIG_1G, timeout=90)

@@ -8,7 +8,6 @@ turns `success`. A label naming no known layout is refused and changes nothing."
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import tempfile
@@ -18,11 +17,10 @@ from pathlib import Path
 import pytest
 
 from gpumgr.devices.types import GPU, Inventory
-from gpumgr.sim.kubeapi import KubeApiServer
-from gpumgr.sim.kubelet import ContainerRequest, KubeletEmulator
+from gpumgr.sim.kubelet import ContainerRequest
 from tests.fakes import nvml_node
 from tests.fakes.nvml_node import FakeNvmlNode
-from tests.mig.harness import finish_agent_run
+from tests.mig.harness import finish_agent_run, start_agent_run
 from tests.mig.test_agent_mig import agent_args
 
 pytestmark = pytest.mark.timeout(300)
@@ -36,14 +34,7 @@ async def test_a_changed_layout_label_is_applied_to_free_cards_while_serving():
     nvml_node.build()
     workdir = Path(tempfile.mkdtemp(prefix="gml", dir="/tmp"))
     node = FakeNvmlNode(workdir / "nvml", INV, mig={0: "h100-80", 1: "h100-80"}, mig_on=(0, 1)).write()
-    api = KubeApiServer()
-    await api.start()
-    api.write_kubeconfig(workdir / "kubeconfig")
-    api.store.create_node({"metadata": {"name": "mig-node", "labels": {"nvidia.com/mig.config": "all-1g.10gb"}}})
-    kubelet = KubeletEmulator(workdir / "dp")
-    await kubelet.start()
-    log = open(workdir / "agent.log", "ab")  # noqa: SIM115 - closed below
-    env = {**os.environ, **node.env(), "PYTHONFAULTHANDLER": "1"}
+    api, kubelet, log, env = await start_agent_run(workdir, node, {"nvidia.com/mig.config": "all-1g.10gb"})
     agent = subprocess.Popen(agent_args(workdir, node), stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def labels() -> dict[str, str]:

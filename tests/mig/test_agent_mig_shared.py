@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import subprocess
@@ -29,12 +28,12 @@ from gpumgr.node.checkpoint import CheckpointStore
 from gpumgr.pb import vdevice_pb2 as vpb
 from gpumgr.pb import vdevice_pb2_grpc as vpb_grpc
 from gpumgr.sim.kubeapi import KubeApiServer
-from gpumgr.sim.kubelet import ContainerRequest, KubeletEmulator
+from gpumgr.sim.kubelet import ContainerRequest
 from gpumgr.vdevice.limits import Limits
 from tests.fakes import nvml_node
 from tests.fakes.nvml_node import FakeNvmlNode
 from tests.mig import test_agent_mig
-from tests.mig.harness import finish_agent_run
+from tests.mig.harness import finish_agent_run, start_agent_run
 
 pytestmark = pytest.mark.timeout(300)
 SHARED = "nvidia.com/mig-1g.10gb.shared"
@@ -66,14 +65,7 @@ async def test_agent_serves_shares_of_an_instance_across_kill_9():
     workdir = Path(tempfile.mkdtemp(prefix="gms", dir="/tmp"))
     (workdir / "layouts.json").write_text(json.dumps({"mix": {"0": ["3g.40gb", "1g.10gb", "1g.10gb"]}}))
     node = FakeNvmlNode(workdir / "nvml", INV, mig={0: "h100-80"}, mig_on=(0,)).write()
-    api = KubeApiServer()
-    await api.start()
-    api.write_kubeconfig(workdir / "kubeconfig")
-    api.store.create_node({"metadata": {"name": "mig-node", "labels": {}}})
-    kubelet = KubeletEmulator(workdir / "dp")
-    await kubelet.start()
-    log = open(workdir / "agent.log", "ab")  # noqa: SIM115 - closed below
-    env = {**os.environ, **node.env(), "PYTHONFAULTHANDLER": "1"}
+    api, kubelet, log, env = await start_agent_run(workdir, node, {})
     agent = subprocess.Popen(agent_args(workdir, node), stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def agent_url() -> str:

@@ -11,13 +11,12 @@ from typing import Any
 import pytest
 
 from gpumgr.allocator import Allocation
-from gpumgr.devices.nvml import NvmlBackend
 from gpumgr.devices.types import GPU, Inventory
 from gpumgr.mig import layout as lay
 from gpumgr.mig.apply import apply_layout, keeper
 from tests.fakes import nvml_node
 from tests.fakes.nvml_node import FakeNvmlNode
-from tests.mig.harness import Node, Steps, recorded, truth
+from tests.mig.harness import Node, Steps, nvml_lives, recorded, truth
 
 INV = Inventory(gpus=(GPU(index=0, uuid="GPU-00000000-h100", minor=0, name="NVIDIA H100 80GB HBM3", memory_mib=81920),
                       GPU(index=1, uuid="GPU-00000001-a100", minor=1, name="NVIDIA A100-SXM4-40GB", memory_mib=40960),
@@ -32,20 +31,8 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Fake
     nvml_node.build()
     node = FakeNvmlNode(tmp_path / "fake", INV, mig={0: "h100-80", 1: "a100-40"}, mig_on=(0,)).write()
     monkeypatch.setenv(nvml_node.ENV, str(node.spec))
-    opened: list[NvmlBackend] = []
-
-    def restart() -> NvmlBackend:
-        for b in opened:
-            b.close()
-        opened.clear()
-        b = NvmlBackend(library=str(nvml_node.library()), sysfs_root=str(tmp_path / "no-sysfs"))
-        b.inventory()
-        opened.append(b)
-        return b
-
-    yield node, restart
-    for b in opened:
-        b.close()
+    with nvml_lives(tmp_path) as restart:
+        yield node, restart
 
 
 def agent(tmp_path: Path, backend: Any, name: str | None) -> Node:

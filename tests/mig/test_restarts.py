@@ -12,13 +12,12 @@ import pytest
 
 from gpumgr.allocator import Allocation, Ledger, LedgerError
 from gpumgr.devices.mig_sim import SimulatedMig
-from gpumgr.devices.nvml import NvmlBackend
 from gpumgr.devices.simulated import SimulatedBackend
 from gpumgr.devices.types import GPU, Inventory
 from gpumgr.mig.types import MigError
 from tests.fakes import nvml_node
 from tests.fakes.nvml_node import FakeNvmlNode
-from tests.mig.harness import Crash, Node, Steps, recorded, truth
+from tests.mig.harness import Crash, Node, Steps, nvml_lives, recorded, truth
 
 INV = Inventory(gpus=tuple(GPU(index=i, uuid=f"GPU-{i:08d}-mig", minor=i, name="NVIDIA H100 80GB HBM3",
                                memory_mib=81920) for i in range(2)),
@@ -35,20 +34,8 @@ def hardware(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest
     nvml_node.build()
     node = FakeNvmlNode(tmp_path / "fake", INV, mig={0: "h100-80", 1: "h100-80"}, mig_on=(0, 1)).write()
     monkeypatch.setenv(nvml_node.ENV, str(node.spec))
-    opened: list[NvmlBackend] = []
-
-    def open_backend() -> NvmlBackend:
-        for b in opened:  # the old agent is gone: its NVML session with it
-            b.close()
-        opened.clear()
-        b = NvmlBackend(library=str(nvml_node.library()), sysfs_root=str(tmp_path / "no-sysfs"))
-        b.inventory()
-        opened.append(b)
-        return b
-
-    yield open_backend
-    for b in opened:
-        b.close()
+    with nvml_lives(tmp_path) as open_backend:  # the old agent is gone: its NVML session with it
+        yield open_backend
 
 
 def scenario(node: Node) -> None:
