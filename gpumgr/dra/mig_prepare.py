@@ -224,8 +224,9 @@ class MigClaims:
         `fresh` (this call took something): the server and spec it made are taken back."""
         held = self._held(uid)
         unit = self.unit_mib
+        minors = await self._read_minors(uid) if held else {}
         if not any(mig_shares.is_limited(a, s, unit) for a, s in held):
-            spec = self._spec(uid, [s for _, s in held])
+            spec = self._spec(uid, minors, [s for _, s in held])
             try:
                 await self.state.run_io(self.cdi.write, uid, spec)
             except OSError as e:
@@ -244,7 +245,7 @@ class MigClaims:
                               mig=True)
         sup = self.shares
         key = vdevice_key(uid)
-        slots = [(s, self.state.inventory.gpus[s.card].minor, self._caps(uid, s)) for _, s in held]
+        slots = [(s, self.state.inventory.gpus[s.card].minor, self._caps(uid, minors, s)) for _, s in held]
         ctl = [f"/dev/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
                if n == "nvidiactl" or (sup.cfg.dev_root / n).exists()]
         spec = mig_shares.share_spec(uid, sup, slots, sup.layout.dir_for(key), ctl)
@@ -267,18 +268,24 @@ class MigClaims:
         if held and any(mig_shares.is_limited(a, s, self.unit_mib) for a, s in held):
             await self._materialise(f"claim UID {uid}", uid, fresh=False)
 
-    def _caps(self, uid: str, s: MigSlot) -> list[str]:
+    async def _read_minors(self, uid: str) -> dict[str, int]:
+        """The driver's mig-minors file, read off the event loop (once per prepare)."""
         try:
-            minors = read_minors(self.mig_minors)
+            return await self.state.run_io(read_minors, self.mig_minors)
+        except CapsError as e:
+            raise ClaimError(f"claim UID {uid}: {e}") from None
+
+    def _caps(self, uid: str, minors: dict[str, int], s: MigSlot) -> list[str]:
+        try:
             return list(instance_nodes(minors, self.state.inventory.gpus[s.card].minor, s.gi or 0, s.ci or 0,
                                        self.mig_minors))
         except CapsError as e:
             raise ClaimError(f"claim UID {uid}: {e}") from None
 
-    def _spec(self, uid: str, slots: list[MigSlot]) -> dict[str, Any]:
+    def _spec(self, uid: str, minors: dict[str, int], slots: list[MigSlot]) -> dict[str, Any]:
         devices = []
         for s in slots:
-            nodes = [f"/dev/nvidia{self.state.inventory.gpus[s.card].minor}", *self._caps(uid, s)]
+            nodes = [f"/dev/nvidia{self.state.inventory.gpus[s.card].minor}", *self._caps(uid, minors, s)]
             devices.append({"name": f"claim-{uid}-{s.name}", "containerEdits": {
                 "env": [f"NVIDIA_VISIBLE_DEVICES={s.uuid}"],
                 "deviceNodes": [{"path": p, "hostPath": p, "permissions": "rw"} for p in nodes]}})
