@@ -21,10 +21,9 @@ ledger). Prepares and unprepares touching one placement run one at a time (a loc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from gpumgr.allocator.mig_slots import MigSlot, slot_name
 from gpumgr.dra import cdi, mig_shares
 from gpumgr.dra.claims import ClaimError, check_uid
 from gpumgr.dra.config import CDI_KIND
+from gpumgr.dra.keyed_locks import KeyedLocks
 from gpumgr.dra.mig_shares import ShareSupport
 from gpumgr.dra.mig_slices import DEFAULT_UNIT_MIB, parse_device_name
 from gpumgr.mig.caps import CapsError, instance_nodes, read_minors
@@ -70,25 +70,11 @@ class MigClaims:
         self.mig_minors = mig_minors
         self.pool = pool
         self.shares = shares  # None: shares of an instance are refused (no vDevice support given)
-        self._slot_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # slot name -> (lock, holders + waiters)
+        self._slot_locks = KeyedLocks()  # one prepare / unprepare per slot at a time
 
     @property
     def unit_mib(self) -> int:
         return self.shares.cfg.memory_unit_mib if self.shares is not None else DEFAULT_UNIT_MIB
-
-    @contextlib.asynccontextmanager
-    async def _slot_lock(self, name: str) -> AsyncIterator[None]:
-        lock, users = self._slot_locks.get(name, (asyncio.Lock(), 0))
-        self._slot_locks[name] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._slot_locks[name]
-            if users <= 1:
-                del self._slot_locks[name]
-            else:
-                self._slot_locks[name] = (lock, users - 1)
 
     async def prepare(self, namespace: str, name: str, uid: str, pod: str, pod_uid: str,
                       results: list[MigResult], pods: int = 1) -> list[str]:
@@ -123,7 +109,7 @@ class MigClaims:
             return False  # a repeat: already made and held
         holder = ClaimHolder(uid=uid, namespace=namespace, name=name, pod=pod, pod_uid=pod_uid,
                              request=r.request, device=r.device, share_id=r.share_id)
-        async with self._slot_lock(slot_name(card, start)):
+        async with self._slot_locks.hold(slot_name(card, start)):
             slot = self.state.ledger.slots.get(slot_name(card, start))
             if slot is None:
                 await self._make(key, holder, card, profile_id, start, r)
@@ -154,7 +140,7 @@ class MigClaims:
         alloc = self.state.ledger.allocations.get(key)
         if alloc is None or alloc.mig is None:
             return
-        async with self._slot_lock(alloc.mig):
+        async with self._slot_locks.hold(alloc.mig):
             slot = self.state.ledger.slots.get(alloc.mig)
             others = [k for k in self.state.ledger.slot_holders.get(alloc.mig, {}) if k != key]
             try:

@@ -9,10 +9,9 @@ Ledger keys: `dra/<claim uid>/<n>`, one per granted device. vDevice directory: t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +28,7 @@ from gpumgr.dra.claims import (
     reserved_pods,
 )
 from gpumgr.dra.config import DraConfig
+from gpumgr.dra.keyed_locks import KeyedLocks
 from gpumgr.dra.mig_prepare import MigClaims, MigResult, first_pod, mig_results_of
 from gpumgr.dra.placement import CachedPod, GetPod, require_pod_here
 from gpumgr.dra.slices import CORES, MIB, device_name, memory_ceiling
@@ -56,25 +56,9 @@ class ClaimPreparer:
         self.vdevices = vdevices
         self.get_claim = get_claim
         self.cdi = cdi.CdiDir(cfg.cdi_dir)
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # uid -> (lock, holders + waiters)
+        self._locks = KeyedLocks()  # one prepare / unprepare of a claim at a time
         self._running: set[asyncio.Task[list[PreparedDevice]]] = set()
         self.mig: MigClaims | None = None  # claims of MIG devices (dra/mig_prepare.py), when the node has MIG
-
-    @contextlib.asynccontextmanager
-    async def _lock(self, uid: str) -> AsyncIterator[None]:
-        """One prepare / unprepare of a claim at a time. The lock is forgotten only when nobody holds or waits
-        for it, so a queued waiter and a newcomer always share one lock."""
-        lock, users = self._locks.get(uid, (asyncio.Lock(), 0))
-        self._locks[uid] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[uid]
-            if users <= 1:
-                del self._locks[uid]
-            else:
-                self._locks[uid] = (lock, users - 1)
 
     def locks_held(self) -> int:
         """Claims with a prepare or unprepare running or waiting."""
@@ -131,7 +115,7 @@ class ClaimPreparer:
         pods = len(reserved_pods(f"claim {namespace}/{name}", claim))
 
         async def run() -> list[PreparedDevice]:
-            async with self._lock(uid):
+            async with self._locks.hold(uid):
                 names = await mig.prepare(namespace, name, uid, pod, pod_uid, results, pods)
             return [PreparedDevice(requests=(r.request,), pool=self.cfg.node_name, device=r.device, cdi_ids=(n,))
                     for r, n in zip(results, names, strict=True)]
@@ -142,7 +126,7 @@ class ClaimPreparer:
         return await asyncio.shield(task)
 
     async def _locked_prepare(self, grant: ClaimGrant) -> list[PreparedDevice]:
-        async with self._lock(grant.uid):
+        async with self._locks.hold(grant.uid):
             return await self._prepare(grant)
 
     async def _prepare(self, grant: ClaimGrant, check_health: bool = True) -> list[PreparedDevice]:
@@ -252,11 +236,11 @@ class ClaimPreparer:
         check_uid(uid)
         if self.mig is not None and any(self.state.ledger.allocations[k].mig for k in claim_keys(self.state.ledger,
                                                                                                  uid)):
-            async with self._lock(uid):
+            async with self._locks.hold(uid):
                 freed = await self.mig.unprepare(uid)
             log.info("claim UID %s unprepared: %d MIG holdings released", uid, freed)
             return True
-        async with self._lock(uid):
+        async with self._locks.hold(uid):
             had_spec = await self.state.run_io(self.cdi.remove, uid)
             await self.vdevices.stop(vdevice_key(uid))
             released = await self._release(uid)
@@ -279,7 +263,7 @@ class ClaimPreparer:
     async def restore(self, grant: ClaimGrant) -> None:
         """After a restart: hold what a prepared claim holds (even on a card that turned sick since) and bring
         its vDevice server and CDI spec back."""
-        async with self._lock(grant.uid):
+        async with self._locks.hold(grant.uid):
             await self._prepare(grant, check_health=False)
 
 
