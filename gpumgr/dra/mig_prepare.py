@@ -38,7 +38,7 @@ from gpumgr.dra.mig_shares import ShareSupport
 from gpumgr.dra.mig_slices import DEFAULT_UNIT_MIB, parse_device_name
 from gpumgr.mig.caps import CapsError, instance_nodes, read_minors
 from gpumgr.mig.manager import MigManager
-from gpumgr.mig.types import MigError
+from gpumgr.mig.types import MigError, MigProfile
 from gpumgr.node.claims import LEDGER_PREFIX, claim_keys, vdevice_key
 from gpumgr.node.limits import with_compute
 from gpumgr.node.state import NodeState
@@ -71,6 +71,7 @@ class MigClaims:
         self.pool = pool
         self.shares = shares  # None: shares of an instance are refused (no vDevice support given)
         self._slot_locks = KeyedLocks()  # one prepare / unprepare per slot at a time
+        self._profiles: dict[tuple[int, int], MigProfile] | None = None  # (card, profile id) -> profile
 
     @property
     def unit_mib(self) -> int:
@@ -163,9 +164,8 @@ class MigClaims:
     async def _make(self, key: str, holder: ClaimHolder, card: int, profile_id: int, start: int,
                     r: MigResult) -> MigSlot:
         label = f"claim {holder.namespace}/{holder.name}"
-        info = next((c for c in await asyncio.to_thread(self.manager.cards) if c.index == card), None)
-        prof = info.profile(profile_id) if info else None
-        if info is None or prof is None:
+        prof = await self._profile(label, card, profile_id)
+        if prof is None:
             raise ClaimError(f"{label}: card {card} has no MIG profile {profile_id}")
         pending = MigSlot(card=card, start=start, size=prof.memory_slices, profile_id=prof.id, profile=prof.name,
                           memory_mib=prof.memory_mib, origin="claim")
@@ -199,6 +199,18 @@ class MigClaims:
                              f"MiB): {e}") from None
         log.info("%s: created %s at memory slice %d on card %d (%s)", label, prof.name, start, card, inst.uuid)
         return made
+
+    async def _profile(self, label: str, card: int, profile_id: int) -> MigProfile | None:
+        """Card `card`'s MIG profile `profile_id`. A card's profiles are fixed by its model: NVML is read for them
+        at the first instance a claim makes and again only for a profile not seen yet (a card whose MIG mode was
+        turned on since), not for every claim."""
+        if self._profiles is None or (card, profile_id) not in self._profiles:
+            try:
+                cards = await asyncio.to_thread(self.manager.cards)
+            except MigError as e:
+                raise ClaimError(f"{label}: {e}") from None
+            self._profiles = {(c.index, p.id): p for c in cards for p in c.profiles}
+        return self._profiles.get((card, profile_id))
 
     def _held(self, uid: str) -> list[tuple[Allocation, MigSlot]]:
         led = self.state.ledger
