@@ -244,8 +244,7 @@ class MigClaims:
         sup = self.shares
         key = vdevice_key(uid)
         slots = [(s, self.state.inventory.gpus[s.card].minor, self._caps(uid, minors, s)) for _, s in held]
-        ctl = [f"/dev/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
-               if n == "nvidiactl" or (sup.cfg.dev_root / n).exists()]
+        ctl = await self.state.run_io(cdi.ctl_devices, sup.cfg.dev_root)
         spec = mig_shares.share_spec(uid, sup, slots, sup.layout.dir_for(key), ctl)
         started, written = await asyncio.gather(
             start_server(sup.vdevices, self.state.inventory, key, limits, {s.card for _, s in held}),

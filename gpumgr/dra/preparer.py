@@ -200,8 +200,7 @@ class ClaimPreparer:
         limits = self.limits(grant)
         cards = per_card(grant)
         limited = bool(limits.core_limit) or any(d.memory_limit_bytes for d in limits.devices)
-        ctl = [f"/dev/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
-               if n == "nvidiactl" or (self.cfg.dev_root / n).exists()]
+        ctl = await self.state.run_io(cdi.ctl_devices, self.cfg.dev_root)
         spec = cdi.build_spec(
             claim_uid=grant.uid,
             gpus=[(c.index, inv.gpus[c.index].minor, inv.gpus[c.index].uuid) for c in cards],
