@@ -327,11 +327,3 @@ def mig_results_of(claim: Mapping[str, Any], driver: str, pool: str) -> list[Mig
         out.append(MigResult(request=str(r.get("request", "")), device=str(r["device"]), cores=cores,
                              memory_bytes=memory, share_id=share[:63] if isinstance(share, str) else ""))
     return out
-
-
-def first_pod(claim: Mapping[str, Any]) -> tuple[str, str]:
-    """(name, uid) of the first pod the claim is reserved for; ("", "") when none."""
-    for ref in (claim.get("status") or {}).get("reservedFor") or []:
-        if isinstance(ref, dict) and ref.get("resource") == "pods" and isinstance(ref.get("uid"), str):
-            return str(ref.get("name", "")), ref["uid"]
-    return "", ""

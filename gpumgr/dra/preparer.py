@@ -29,7 +29,7 @@ from gpumgr.dra.claims import (
 )
 from gpumgr.dra.config import DraConfig
 from gpumgr.dra.keyed_locks import KeyedLocks
-from gpumgr.dra.mig_prepare import MigClaims, MigResult, first_pod, mig_results_of
+from gpumgr.dra.mig_prepare import MigClaims, MigResult, mig_results_of
 from gpumgr.dra.placement import CachedPod, GetPod, require_pod_here
 from gpumgr.dra.slices import CORES, MIB, device_name, memory_ceiling
 from gpumgr.node.claims import LEDGER_PREFIX, claim_keys, vdevice_key
@@ -108,11 +108,10 @@ class ClaimPreparer:
         if self.mig is None:
             raise ClaimError(f"claim {namespace}/{name}: names MIG devices, but this node serves no MIG")
         mig = self.mig
-        pod, pod_uid = first_pod(claim)
-        if not pod_uid:
+        reserved = reserved_pods(f"claim {namespace}/{name}", claim)
+        if not reserved:
             raise ClaimError(f"claim {namespace}/{name} is not reserved for any pod (status.reservedFor is empty)")
-
-        pods = len(reserved_pods(f"claim {namespace}/{name}", claim))
+        pod, pod_uid, pods = reserved[0].name, reserved[0].uid, len(reserved)
 
         async def run() -> list[PreparedDevice]:
             async with self._locks.hold(uid):
