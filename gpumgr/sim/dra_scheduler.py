@@ -183,8 +183,7 @@ class DraScheduler:
         return plans
 
     def _solve(self, label: str, claim: Obj, devices: list[Candidate], usage: dict[tuple[str, str], Usage],
-               counters: Counters | None = None) -> list[Obj]:
-        counters = counters or Counters({}, {})
+               counters: Counters) -> list[Obj]:
         spec = (claim.get("spec") or {}).get("devices") or {}
         requests = spec.get("requests") or []
         picks_per_request: list[tuple[str, list[tuple[Candidate, dict[str, int]]], int | None]] = []
@@ -455,11 +454,11 @@ class Counters:
         before = self.allocations.get(key, 0)
         after = before + sign
         self.allocations[key] = after
-        if (before == 0) == (after == 0):
-            return
         c = self.devices.get(key)
-        for (cset, name), amount in (c.consumes.items() if c is not None else ()):
-            k = (c.pool, cset, name)  # type: ignore[union-attr]
+        if c is None or (before == 0) == (after == 0):
+            return
+        for (cset, name), amount in c.consumes.items():
+            k = (c.pool, cset, name)
             self.used[k] = self.used.get(k, 0) + sign * amount
 
     def fits(self, c: Candidate) -> bool:
