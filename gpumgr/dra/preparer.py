@@ -33,6 +33,7 @@ from gpumgr.dra.mig_prepare import MigClaims, MigResult, mig_results_of
 from gpumgr.dra.placement import CachedPod, GetPod, require_pod_here
 from gpumgr.dra.slices import CORES, MIB, device_name, memory_ceiling
 from gpumgr.node.claims import LEDGER_PREFIX, claim_keys, vdevice_key
+from gpumgr.node.limits import with_compute
 from gpumgr.node.state import NodeState
 from gpumgr.node.vdevices import start_server
 from gpumgr.vdevice.layout import VDeviceLayout
@@ -187,8 +188,9 @@ class ClaimPreparer:
                         else 0)
             for c in cards)
         name = grant.name if _LABEL.match(grant.name) else "claim"
-        return Limits(pod_uid=grant.pods[0].uid, container_name=name, core_limit=max(fractional, default=0),
-                      hard_limit=True, core_ceiling=0, devices=devices)
+        return with_compute(inv, Limits(pod_uid=grant.pods[0].uid, container_name=name,
+                                        core_limit=max(fractional, default=0), hard_limit=True, core_ceiling=0,
+                                        devices=devices), mig=False)
 
     async def _materialise(self, grant: ClaimGrant, fresh: bool) -> list[PreparedDevice]:
         """The vDevice directory, server and CDI spec. On failure, `fresh` (this call took the claim): undo
