@@ -152,21 +152,19 @@ class NvmlBackend:
     # -- MIG (see mig_nvml) ---------------------------------------------------------------------------------
     def mig_cards(self) -> tuple[MigCard, ...]:
         """Every MIG-capable card: mode, profiles with their placements, and the instances that exist now."""
-        inv = self.inventory()
-        out = []
-        for g in inv.gpus:
-            fam = family_of(g.name, g.memory_mib)
-            try:
-                card = mig_nvml.read_card(self._nv, g.index, self._handles[g.index],
-                                          hopper=fam.hopper if fam else None)
-            except self._nv.NVMLError as e:
-                raise MigError(f"card {g.index}: cannot read MIG state: {e}") from None
-            if card is not None:
-                out.append(card)
-        return tuple(out)
+        return tuple(card for g in self.inventory().gpus if (card := self._mig_card(g.index)) is not None)
+
+    def _mig_card(self, index: int) -> MigCard | None:
+        """One card's MIG state (None: not MIG-capable), or MigError."""
+        g = self.inventory().gpus[index]
+        fam = family_of(g.name, g.memory_mib)
+        try:
+            return mig_nvml.read_card(self._nv, index, self._handle(index), hopper=fam.hopper if fam else None)
+        except self._nv.NVMLError as e:
+            raise MigError(f"card {index}: cannot read MIG state: {e}") from None
 
     def mig_create(self, index: int, profile_id: int, start: int) -> MigInstance:
-        card = next((c for c in self.mig_cards() if c.index == index), None)
+        card = self._mig_card(index) if 0 <= index < self.inventory().count else None
         profile = card.profile(profile_id) if card else None
         if card is None or profile is None:
             raise MigError(f"card {index} has no MIG profile {profile_id}")

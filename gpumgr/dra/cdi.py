@@ -26,6 +26,13 @@ RO = ["ro", "nosuid", "nodev", "bind"]
 _FILE = re.compile(r"^gpumgr\.io-vgpu_([0-9a-zA-Z][0-9a-zA-Z-]{0,62})\.json$")
 
 
+def ctl_devices(dev_root: Path) -> list[str]:
+    """The control nodes a container of the driver's gets: /dev/nvidiactl, and the UVM nodes the host has (stats:
+    call it off the event loop)."""
+    return [f"/dev/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+            if n == "nvidiactl" or (dev_root / n).exists()]
+
+
 def device_name(claim_uid: str, index: int) -> str:
     return f"claim-{claim_uid}-gpu-{index}"
 

@@ -38,22 +38,18 @@ class DraKube:
         return jsonbound.loads(raw, max_elements=MAX_PAGE_ELEMENTS, max_depth=64, what=fn.__name__) if raw else {}
 
     async def get_claim(self, namespace: str, name: str) -> Obj | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            obj: Obj = await self._run(self.api.read_namespaced_resource_claim, name, namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-        return obj
+        return await self._get(self.api.read_namespaced_resource_claim, name, namespace)
 
     async def get_pod(self, namespace: str, name: str) -> Obj | None:
         """One pod, read live (a claim's consumer the agent's pod cache does not hold yet); None when not found."""
+        return await self._get(self.core.read_namespaced_pod, name, namespace)
+
+    async def _get(self, fn: Callable[..., Any], name: str, namespace: str) -> Obj | None:
+        """One object; None when the API server says it does not exist (404)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            obj: Obj = await self._run(self.core.read_namespaced_pod, name, namespace)
+            obj: Obj = await self._run(fn, name, namespace)
         except ApiException as e:
             if e.status == 404:
                 return None

@@ -21,10 +21,9 @@ ledger). Prepares and unprepares touching one placement run one at a time (a loc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,11 +33,12 @@ from gpumgr.allocator.mig_slots import MigSlot, slot_name
 from gpumgr.dra import cdi, mig_shares
 from gpumgr.dra.claims import ClaimError, check_uid
 from gpumgr.dra.config import CDI_KIND
+from gpumgr.dra.keyed_locks import KeyedLocks
 from gpumgr.dra.mig_shares import ShareSupport
 from gpumgr.dra.mig_slices import DEFAULT_UNIT_MIB, parse_device_name
 from gpumgr.mig.caps import CapsError, instance_nodes, read_minors
 from gpumgr.mig.manager import MigManager
-from gpumgr.mig.types import MigError
+from gpumgr.mig.types import MigError, MigProfile
 from gpumgr.node.claims import LEDGER_PREFIX, claim_keys, vdevice_key
 from gpumgr.node.limits import with_compute
 from gpumgr.node.state import NodeState
@@ -70,25 +70,12 @@ class MigClaims:
         self.mig_minors = mig_minors
         self.pool = pool
         self.shares = shares  # None: shares of an instance are refused (no vDevice support given)
-        self._slot_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # slot name -> (lock, holders + waiters)
+        self._slot_locks = KeyedLocks()  # one prepare / unprepare per slot at a time
+        self._profiles: dict[tuple[int, int], MigProfile] | None = None  # (card, profile id) -> profile
 
     @property
     def unit_mib(self) -> int:
         return self.shares.cfg.memory_unit_mib if self.shares is not None else DEFAULT_UNIT_MIB
-
-    @contextlib.asynccontextmanager
-    async def _slot_lock(self, name: str) -> AsyncIterator[None]:
-        lock, users = self._slot_locks.get(name, (asyncio.Lock(), 0))
-        self._slot_locks[name] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._slot_locks[name]
-            if users <= 1:
-                del self._slot_locks[name]
-            else:
-                self._slot_locks[name] = (lock, users - 1)
 
     async def prepare(self, namespace: str, name: str, uid: str, pod: str, pod_uid: str,
                       results: list[MigResult], pods: int = 1) -> list[str]:
@@ -123,7 +110,7 @@ class MigClaims:
             return False  # a repeat: already made and held
         holder = ClaimHolder(uid=uid, namespace=namespace, name=name, pod=pod, pod_uid=pod_uid,
                              request=r.request, device=r.device, share_id=r.share_id)
-        async with self._slot_lock(slot_name(card, start)):
+        async with self._slot_locks.hold(slot_name(card, start)):
             slot = self.state.ledger.slots.get(slot_name(card, start))
             if slot is None:
                 await self._make(key, holder, card, profile_id, start, r)
@@ -154,7 +141,7 @@ class MigClaims:
         alloc = self.state.ledger.allocations.get(key)
         if alloc is None or alloc.mig is None:
             return
-        async with self._slot_lock(alloc.mig):
+        async with self._slot_locks.hold(alloc.mig):
             slot = self.state.ledger.slots.get(alloc.mig)
             others = [k for k in self.state.ledger.slot_holders.get(alloc.mig, {}) if k != key]
             try:
@@ -177,9 +164,8 @@ class MigClaims:
     async def _make(self, key: str, holder: ClaimHolder, card: int, profile_id: int, start: int,
                     r: MigResult) -> MigSlot:
         label = f"claim {holder.namespace}/{holder.name}"
-        info = next((c for c in await asyncio.to_thread(self.manager.cards) if c.index == card), None)
-        prof = info.profile(profile_id) if info else None
-        if info is None or prof is None:
+        prof = await self._profile(label, card, profile_id)
+        if prof is None:
             raise ClaimError(f"{label}: card {card} has no MIG profile {profile_id}")
         pending = MigSlot(card=card, start=start, size=prof.memory_slices, profile_id=prof.id, profile=prof.name,
                           memory_mib=prof.memory_mib, origin="claim")
@@ -214,6 +200,18 @@ class MigClaims:
         log.info("%s: created %s at memory slice %d on card %d (%s)", label, prof.name, start, card, inst.uuid)
         return made
 
+    async def _profile(self, label: str, card: int, profile_id: int) -> MigProfile | None:
+        """Card `card`'s MIG profile `profile_id`. A card's profiles are fixed by its model: NVML is read for them
+        at the first instance a claim makes and again only for a profile not seen yet (a card whose MIG mode was
+        turned on since), not for every claim."""
+        if self._profiles is None or (card, profile_id) not in self._profiles:
+            try:
+                cards = await asyncio.to_thread(self.manager.cards)
+            except MigError as e:
+                raise ClaimError(f"{label}: {e}") from None
+            self._profiles = {(c.index, p.id): p for c in cards for p in c.profiles}
+        return self._profiles.get((card, profile_id))
+
     def _held(self, uid: str) -> list[tuple[Allocation, MigSlot]]:
         led = self.state.ledger
         allocs = [led.allocations[k] for k in claim_keys(led, uid) if led.allocations[k].mig]
@@ -224,8 +222,9 @@ class MigClaims:
         `fresh` (this call took something): the server and spec it made are taken back."""
         held = self._held(uid)
         unit = self.unit_mib
+        minors = await self._read_minors(uid) if held else {}
         if not any(mig_shares.is_limited(a, s, unit) for a, s in held):
-            spec = self._spec(uid, [s for _, s in held])
+            spec = self._spec(uid, minors, [s for _, s in held])
             try:
                 await self.state.run_io(self.cdi.write, uid, spec)
             except OSError as e:
@@ -244,9 +243,8 @@ class MigClaims:
                               mig=True)
         sup = self.shares
         key = vdevice_key(uid)
-        slots = [(s, self.state.inventory.gpus[s.card].minor, self._caps(uid, s)) for _, s in held]
-        ctl = [f"/dev/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
-               if n == "nvidiactl" or (sup.cfg.dev_root / n).exists()]
+        slots = [(s, self.state.inventory.gpus[s.card].minor, self._caps(uid, minors, s)) for _, s in held]
+        ctl = await self.state.run_io(cdi.ctl_devices, sup.cfg.dev_root)
         spec = mig_shares.share_spec(uid, sup, slots, sup.layout.dir_for(key), ctl)
         started, written = await asyncio.gather(
             start_server(sup.vdevices, self.state.inventory, key, limits, {s.card for _, s in held}),
@@ -267,18 +265,24 @@ class MigClaims:
         if held and any(mig_shares.is_limited(a, s, self.unit_mib) for a, s in held):
             await self._materialise(f"claim UID {uid}", uid, fresh=False)
 
-    def _caps(self, uid: str, s: MigSlot) -> list[str]:
+    async def _read_minors(self, uid: str) -> dict[str, int]:
+        """The driver's mig-minors file, read off the event loop (once per prepare)."""
         try:
-            minors = read_minors(self.mig_minors)
+            return await self.state.run_io(read_minors, self.mig_minors)
+        except CapsError as e:
+            raise ClaimError(f"claim UID {uid}: {e}") from None
+
+    def _caps(self, uid: str, minors: dict[str, int], s: MigSlot) -> list[str]:
+        try:
             return list(instance_nodes(minors, self.state.inventory.gpus[s.card].minor, s.gi or 0, s.ci or 0,
                                        self.mig_minors))
         except CapsError as e:
             raise ClaimError(f"claim UID {uid}: {e}") from None
 
-    def _spec(self, uid: str, slots: list[MigSlot]) -> dict[str, Any]:
+    def _spec(self, uid: str, minors: dict[str, int], slots: list[MigSlot]) -> dict[str, Any]:
         devices = []
         for s in slots:
-            nodes = [f"/dev/nvidia{self.state.inventory.gpus[s.card].minor}", *self._caps(uid, s)]
+            nodes = [f"/dev/nvidia{self.state.inventory.gpus[s.card].minor}", *self._caps(uid, minors, s)]
             devices.append({"name": f"claim-{uid}-{s.name}", "containerEdits": {
                 "env": [f"NVIDIA_VISIBLE_DEVICES={s.uuid}"],
                 "deviceNodes": [{"path": p, "hostPath": p, "permissions": "rw"} for p in nodes]}})
@@ -323,11 +327,3 @@ def mig_results_of(claim: Mapping[str, Any], driver: str, pool: str) -> list[Mig
         out.append(MigResult(request=str(r.get("request", "")), device=str(r["device"]), cores=cores,
                              memory_bytes=memory, share_id=share[:63] if isinstance(share, str) else ""))
     return out
-
-
-def first_pod(claim: Mapping[str, Any]) -> tuple[str, str]:
-    """(name, uid) of the first pod the claim is reserved for; ("", "") when none."""
-    for ref in (claim.get("status") or {}).get("reservedFor") or []:
-        if isinstance(ref, dict) and ref.get("resource") == "pods" and isinstance(ref.get("uid"), str):
-            return str(ref.get("name", "")), ref["uid"]
-    return "", ""

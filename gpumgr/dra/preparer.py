@@ -9,10 +9,9 @@ Ledger keys: `dra/<claim uid>/<n>`, one per granted device. vDevice directory: t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +28,12 @@ from gpumgr.dra.claims import (
     reserved_pods,
 )
 from gpumgr.dra.config import DraConfig
-from gpumgr.dra.mig_prepare import MigClaims, MigResult, first_pod, mig_results_of
+from gpumgr.dra.keyed_locks import KeyedLocks
+from gpumgr.dra.mig_prepare import MigClaims, MigResult, mig_results_of
 from gpumgr.dra.placement import CachedPod, GetPod, require_pod_here
 from gpumgr.dra.slices import CORES, MIB, device_name, memory_ceiling
 from gpumgr.node.claims import LEDGER_PREFIX, claim_keys, vdevice_key
+from gpumgr.node.limits import with_compute
 from gpumgr.node.state import NodeState
 from gpumgr.node.vdevices import start_server
 from gpumgr.vdevice.layout import VDeviceLayout
@@ -56,25 +57,9 @@ class ClaimPreparer:
         self.vdevices = vdevices
         self.get_claim = get_claim
         self.cdi = cdi.CdiDir(cfg.cdi_dir)
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # uid -> (lock, holders + waiters)
+        self._locks = KeyedLocks()  # one prepare / unprepare of a claim at a time
         self._running: set[asyncio.Task[list[PreparedDevice]]] = set()
         self.mig: MigClaims | None = None  # claims of MIG devices (dra/mig_prepare.py), when the node has MIG
-
-    @contextlib.asynccontextmanager
-    async def _lock(self, uid: str) -> AsyncIterator[None]:
-        """One prepare / unprepare of a claim at a time. The lock is forgotten only when nobody holds or waits
-        for it, so a queued waiter and a newcomer always share one lock."""
-        lock, users = self._locks.get(uid, (asyncio.Lock(), 0))
-        self._locks[uid] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[uid]
-            if users <= 1:
-                del self._locks[uid]
-            else:
-                self._locks[uid] = (lock, users - 1)
 
     def locks_held(self) -> int:
         """Claims with a prepare or unprepare running or waiting."""
@@ -124,14 +109,13 @@ class ClaimPreparer:
         if self.mig is None:
             raise ClaimError(f"claim {namespace}/{name}: names MIG devices, but this node serves no MIG")
         mig = self.mig
-        pod, pod_uid = first_pod(claim)
-        if not pod_uid:
+        reserved = reserved_pods(f"claim {namespace}/{name}", claim)
+        if not reserved:
             raise ClaimError(f"claim {namespace}/{name} is not reserved for any pod (status.reservedFor is empty)")
-
-        pods = len(reserved_pods(f"claim {namespace}/{name}", claim))
+        pod, pod_uid, pods = reserved[0].name, reserved[0].uid, len(reserved)
 
         async def run() -> list[PreparedDevice]:
-            async with self._lock(uid):
+            async with self._locks.hold(uid):
                 names = await mig.prepare(namespace, name, uid, pod, pod_uid, results, pods)
             return [PreparedDevice(requests=(r.request,), pool=self.cfg.node_name, device=r.device, cdi_ids=(n,))
                     for r, n in zip(results, names, strict=True)]
@@ -142,7 +126,7 @@ class ClaimPreparer:
         return await asyncio.shield(task)
 
     async def _locked_prepare(self, grant: ClaimGrant) -> list[PreparedDevice]:
-        async with self._lock(grant.uid):
+        async with self._locks.hold(grant.uid):
             return await self._prepare(grant)
 
     async def _prepare(self, grant: ClaimGrant, check_health: bool = True) -> list[PreparedDevice]:
@@ -204,8 +188,9 @@ class ClaimPreparer:
                         else 0)
             for c in cards)
         name = grant.name if _LABEL.match(grant.name) else "claim"
-        return Limits(pod_uid=grant.pods[0].uid, container_name=name, core_limit=max(fractional, default=0),
-                      hard_limit=True, core_ceiling=0, devices=devices)
+        return with_compute(inv, Limits(pod_uid=grant.pods[0].uid, container_name=name,
+                                        core_limit=max(fractional, default=0), hard_limit=True, core_ceiling=0,
+                                        devices=devices), mig=False)
 
     async def _materialise(self, grant: ClaimGrant, fresh: bool) -> list[PreparedDevice]:
         """The vDevice directory, server and CDI spec. On failure, `fresh` (this call took the claim): undo
@@ -216,8 +201,7 @@ class ClaimPreparer:
         limits = self.limits(grant)
         cards = per_card(grant)
         limited = bool(limits.core_limit) or any(d.memory_limit_bytes for d in limits.devices)
-        ctl = [f"/dev/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
-               if n == "nvidiactl" or (self.cfg.dev_root / n).exists()]
+        ctl = await self.state.run_io(cdi.ctl_devices, self.cfg.dev_root)
         spec = cdi.build_spec(
             claim_uid=grant.uid,
             gpus=[(c.index, inv.gpus[c.index].minor, inv.gpus[c.index].uuid) for c in cards],
@@ -252,11 +236,11 @@ class ClaimPreparer:
         check_uid(uid)
         if self.mig is not None and any(self.state.ledger.allocations[k].mig for k in claim_keys(self.state.ledger,
                                                                                                  uid)):
-            async with self._lock(uid):
+            async with self._locks.hold(uid):
                 freed = await self.mig.unprepare(uid)
             log.info("claim UID %s unprepared: %d MIG holdings released", uid, freed)
             return True
-        async with self._lock(uid):
+        async with self._locks.hold(uid):
             had_spec = await self.state.run_io(self.cdi.remove, uid)
             await self.vdevices.stop(vdevice_key(uid))
             released = await self._release(uid)
@@ -279,7 +263,7 @@ class ClaimPreparer:
     async def restore(self, grant: ClaimGrant) -> None:
         """After a restart: hold what a prepared claim holds (even on a card that turned sick since) and bring
         its vDevice server and CDI spec back."""
-        async with self._lock(grant.uid):
+        async with self._locks.hold(grant.uid):
             await self._prepare(grant, check_health=False)
 
 

@@ -129,8 +129,7 @@ class SlicePublisher:
             mine = {s["metadata"]["name"]: s for s in existing
                     if (s.get("spec") or {}).get("driver") == self.cfg.driver_name
                     and (s.get("spec") or {}).get("nodeName") == self.cfg.node_name}
-            generation = max((int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0)
-                              for s in mine.values()), default=0)
+            generation = max((_generation(s.get("spec") or {}) for s in mine.values()), default=0)
             specs = self.wanted_all(generation)
             names = self.slice_names(len(specs))
             same = set(mine) == set(names) and all(_same(mine[n]["spec"], s) for n, s in zip(names, specs,

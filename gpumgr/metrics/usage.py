@@ -124,8 +124,8 @@ class UsageReader:
         )
 
     def _enforcement(self, a: Allocation, pod: Mapping[str, Any] | None) -> dict[str, str]:
-        """Device UUID -> how its compute limit is enforced (process, gpm, none), as the container's limits say;
-        {} when the container has no compute limit (whole cards or instances)."""
+        """Device UUID (a MIG UUID inside an instance) -> how its compute limit is enforced (process, gpm, none), as
+        the container's limits say; {} when the container has no compute limit (whole cards or instances)."""
         if not 0 < a.cores < HUNDRED:
             return {}
         try:
@@ -133,6 +133,9 @@ class UsageReader:
         except (IndexError, ValueError) as e:  # an allocation naming a card the inventory lacks: nothing to say
             log.debug("limits of %s: %s", a.key, e)
             return {}
+        slot = self.state.ledger.slots.get(a.mig) if a.mig else None
+        if slot is not None and slot.uuid and limits.devices:  # a share inside an instance (one card): named as
+            return {slot.uuid: limits.devices[0].compute}  # its shim names it, by MIG UUID
         return {d.uuid: d.compute for d in limits.devices}
 
 

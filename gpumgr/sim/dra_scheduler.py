@@ -183,8 +183,7 @@ class DraScheduler:
         return plans
 
     def _solve(self, label: str, claim: Obj, devices: list[Candidate], usage: dict[tuple[str, str], Usage],
-               counters: Counters | None = None) -> list[Obj]:
-        counters = counters or Counters({}, {})
+               counters: Counters) -> list[Obj]:
         spec = (claim.get("spec") or {}).get("devices") or {}
         requests = spec.get("requests") or []
         picks_per_request: list[tuple[str, list[tuple[Candidate, dict[str, int]]], int | None]] = []
@@ -302,40 +301,26 @@ class DraScheduler:
 
     # -- cluster state ---------------------------------------------------------------------------------------
     def _node_devices(self, node: str) -> list[Candidate]:
-        slices = [s for s in self.store.list_resource("resourceslices")
-                  if (s.get("spec") or {}).get("nodeName") == node]
-        newest: dict[tuple[str, str], int] = {}
-        for s in slices:
-            sp = s["spec"]
-            key = (sp["driver"], sp["pool"]["name"])
-            newest[key] = max(newest.get(key, 0), int(sp["pool"].get("generation") or 0))
-        out = []
-        for s in slices:
-            sp = s["spec"]
-            if int(sp["pool"].get("generation") or 0) != newest[(sp["driver"], sp["pool"]["name"])]:
-                continue
-            for d in sp.get("devices") or []:
-                out.append(Candidate.from_device(sp["driver"], sp["pool"]["name"], d))
+        out = [Candidate.from_device(sp["driver"], sp["pool"]["name"], d)
+               for sp in self._newest_specs(node) for d in sp.get("devices") or []]
         return sorted(out, key=lambda c: (c.pool, _natural(c.name)))
 
     def _node_counters(self, node: str) -> dict[tuple[str, str, str], int]:
         """(pool, counter set, counter) -> capacity, from the newest generation of the node's slices."""
-        slices = [s for s in self.store.list_resource("resourceslices")
-                  if (s.get("spec") or {}).get("nodeName") == node]
+        return {(sp["pool"]["name"], str(cs["name"]), name): parse_int((v or {}).get("value", 0))
+                for sp in self._newest_specs(node) for cs in sp.get("sharedCounters") or []
+                for name, v in (cs.get("counters") or {}).items()}
+
+    def _newest_specs(self, node: str) -> list[Obj]:
+        """The specs of the node's slices of each pool's newest generation (older ones are being replaced)."""
+        specs = [s["spec"] for s in self.store.list_resource("resourceslices")
+                 if (s.get("spec") or {}).get("nodeName") == node]
         newest: dict[tuple[str, str], int] = {}
-        for s in slices:
-            sp = s["spec"]
+        for sp in specs:
             key = (sp["driver"], sp["pool"]["name"])
             newest[key] = max(newest.get(key, 0), int(sp["pool"].get("generation") or 0))
-        out: dict[tuple[str, str, str], int] = {}
-        for s in slices:
-            sp = s["spec"]
-            if int(sp["pool"].get("generation") or 0) != newest[(sp["driver"], sp["pool"]["name"])]:
-                continue
-            for cs in sp.get("sharedCounters") or []:
-                for name, v in (cs.get("counters") or {}).items():
-                    out[(sp["pool"]["name"], str(cs["name"]), name)] = parse_int((v or {}).get("value", 0))
-        return out
+        return [sp for sp in specs
+                if int(sp["pool"].get("generation") or 0) == newest[(sp["driver"], sp["pool"]["name"])]]
 
     def _slice_nodes(self) -> set[str]:
         return {str((s.get("spec") or {}).get("nodeName")) for s in self.store.list_resource("resourceslices")
@@ -469,11 +454,11 @@ class Counters:
         before = self.allocations.get(key, 0)
         after = before + sign
         self.allocations[key] = after
-        if (before == 0) == (after == 0):
-            return
         c = self.devices.get(key)
-        for (cset, name), amount in (c.consumes.items() if c is not None else ()):
-            k = (c.pool, cset, name)  # type: ignore[union-attr]
+        if c is None or (before == 0) == (after == 0):
+            return
+        for (cset, name), amount in c.consumes.items():
+            k = (c.pool, cset, name)
             self.used[k] = self.used.get(k, 0) + sign * amount
 
     def fits(self, c: Candidate) -> bool:

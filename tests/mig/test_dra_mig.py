@@ -164,3 +164,22 @@ async def test_a_claim_whose_second_device_fails_leaves_nothing(hardware: Callab
         assert not (tmp_path / "cdi" / f"gpumgr.io-vgpu_{UID}.json").exists()
     finally:
         state.close()
+
+
+async def test_a_cards_profiles_are_read_from_nvml_once_not_per_claim(hardware: Callable[[], Any],  # noqa: F811
+                                                                      tmp_path: Path):
+    state, claims = await agent(tmp_path, hardware(), Steps(None))
+    reads = []
+    read_cards = claims.manager.cards
+
+    def counted() -> Any:
+        reads.append(1)
+        return read_cards()
+
+    claims.manager.cards = counted  # type: ignore[method-assign]
+    try:
+        for _ in range(2):  # two claims' lives: four instances made and destroyed
+            await life(claims)
+        assert len(reads) == 1  # every card's MIG state (dozens of NVML calls) was read for each instance made
+    finally:
+        state.close()
