@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpumgr.extender.kubeaccess import MAX_DEPTH, ApiCallError, KubeAccess
-from gpumgr.kube.pace import MAX_EVENT_BYTES, QUICK_WATCH_S, Backoff, BookmarkPace, page_count_cap
+from gpumgr.kube.pace import MAX_EVENT_BYTES, QUICK_WATCH_S, Backoff, BookmarkPace, LineSplitter, page_count_cap
 from gpumgr.serving import jsonbound
 
 log = logging.getLogger(__name__)
@@ -255,20 +255,12 @@ class Watcher:
 def event_lines(resp: Any) -> Iterator[bytes]:
     """The non-blank lines of a watch stream (a urllib3 response), each at most MAX_EVENT_BYTES (ApiCallError past
     it: the rest of such a line is never buffered)."""
-    buf = bytearray()
+    lines = LineSplitter()
     for chunk in resp.stream(1 << 16):
-        searched = len(buf)  # bytes known to hold no newline: a long event is scanned once
-        buf += chunk
-        while (nl := buf.find(b"\n", searched)) >= 0:
-            line = bytes(buf[:nl])
-            del buf[:nl + 1]
-            searched = 0
-            if line.strip():
-                yield line
-        if len(buf) > MAX_EVENT_BYTES:
+        yield from lines.feed(chunk)
+        if lines.pending > MAX_EVENT_BYTES:
             raise ApiCallError(0, f"a watch event over {MAX_EVENT_BYTES} bytes: the stream is cut off")
-    if buf.strip():
-        yield bytes(buf)
+    yield from lines.rest()
 
 
 def _event(line: bytes) -> dict[str, Any]:
