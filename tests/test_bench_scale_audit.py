@@ -88,3 +88,13 @@ def test_every_scheduler_gets_the_charts_client_rate_unless_told() -> None:
 
     assert client_rate(0) == {"qps": 200, "burst": 400}
     assert client_rate(50) == {"qps": 50, "burst": 100}
+
+
+def test_the_paced_round_is_a_share_of_path_a_in_burst() -> None:
+    from tests.bench.bench_scale import Row, paced_rate
+
+    rows = [Row(n=10, path="b", pods=4, bound=4, pods_per_s=20.0),
+            Row(n=10, path="a", pods=4, bound=4, pods_per_s=41.0)]
+    assert paced_rate(rows, 0.25) == 10.2
+    assert paced_rate(rows, 0.0) == 0.0
+    assert paced_rate(rows[:1], 0.25) == 0.0  # no path a: no paced round

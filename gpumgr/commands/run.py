@@ -114,8 +114,8 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
     if not host or ascii_uint(port, 5) is None:
         raise InputError(f"--metrics-addr must be HOST:PORT, got {args.metrics_addr!r}")
     dra = dra_settings(args)
-    mig_layout, mig_layouts_file = str(getattr(args, "mig_layout", "")), str(getattr(args, "mig_layouts_file", ""))
-    prefix = str(getattr(args, "mig_resource_prefix", "nvidia.com/mig-"))
+    mig_layout, mig_layouts_file = str(args.mig_layout), str(args.mig_layouts_file)
+    prefix = str(args.mig_resource_prefix)
     if mig_layout or mig_layouts_file:
         from gpumgr.mig.agent import load_layouts
         from gpumgr.mig.layout import LayoutError, parse
@@ -129,10 +129,10 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
     try:
         from gpumgr.mig.agent import parse_shared
 
-        shared = parse_shared(str(getattr(args, "mig_shared", "")))
+        shared = parse_shared(str(args.mig_shared))
     except ValueError as e:
         raise InputError(str(e)) from None
-    strategy = str(getattr(args, "mig_strategy", "mixed"))
+    strategy = str(args.mig_strategy)
     if strategy != "mixed":
         raise InputError(f"--mig-strategy must be mixed (one resource per profile, <prefix><profile>), got "
                          f"{strategy[:40]!r}: gpumgr does not serve NVIDIA's single strategy (instances as "
@@ -149,7 +149,7 @@ def config_from(args: argparse.Namespace) -> AgentConfig:
         health_ignore_xids=xids, temp_unhealthy_c=temp_unhealthy, temp_healthy_c=temp_healthy,
         label_prefix=args.label_prefix, cdi=bool(args.cdi), extra=dra, mig_layout=mig_layout,
         mig_layouts_file=mig_layouts_file, mig_prefix=prefix, mig_shared=tuple(sorted(shared.items())),
-        mig_minors=Path(str(getattr(args, "mig_minors", "/proc/driver/nvidia-caps/mig-minors"))),
+        mig_minors=Path(str(args.mig_minors)),
     )
 
 

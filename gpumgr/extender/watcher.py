@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpumgr.extender.kubeaccess import MAX_DEPTH, ApiCallError, KubeAccess
-from gpumgr.kube.pace import MAX_EVENT_BYTES, QUICK_WATCH_S, Backoff, BookmarkPace, page_count_cap
+from gpumgr.kube.pace import MAX_EVENT_BYTES, QUICK_WATCH_S, Backoff, BookmarkPace, LineSplitter, page_count_cap
 from gpumgr.serving import jsonbound
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,6 @@ PAGE = 500
 MAX_ITEMS = {"nodes": 20_000, "pods": 300_000, "resourceclaims": 100_000}
 DEFAULT_MAX_ITEMS = 100_000
 WATCH_SECONDS = 300
-BACKOFF_FIRST, BACKOFF_MAX = 0.2, 10.0
 
 
 class Watcher:
@@ -92,11 +91,11 @@ class Watcher:
 
     # -- the thread -----------------------------------------------------------------------------------------
     def _run(self) -> None:
-        backoff = BACKOFF_FIRST
+        backoff = Backoff()  # pauses before listing again after a failure
         while not self._stop.is_set():
             try:
                 rv = self._list()
-                backoff = BACKOFF_FIRST
+                backoff.reset()
                 self._watch(rv)
                 if self._relist.is_set():
                     continue
@@ -106,14 +105,13 @@ class Watcher:
                 if e.status in (403, 404) and self.optional:
                     self._give_up(e)
                     return
-                log.warning("watch %s: %s; listing again in %.1fs", self.resource, e, backoff)
+                log.warning("watch %s: %s; listing again in %.1fs", self.resource, e, backoff.current)
             except Exception:  # noqa: BLE001 - keep the cache alive whatever one event did
                 if self._stop.is_set():
                     return
-                log.exception("watch %s failed; listing again in %.1fs", self.resource, backoff)
-            self._wake.wait(backoff)
+                log.exception("watch %s failed; listing again in %.1fs", self.resource, backoff.current)
+            self._wake.wait(backoff.next())
             self._wake.clear()
-            backoff = min(backoff * 2, BACKOFF_MAX)
 
     def _give_up(self, e: ApiCallError) -> None:
         why = "does not serve" if e.status == 404 else "does not let this service account list"
@@ -255,20 +253,12 @@ class Watcher:
 def event_lines(resp: Any) -> Iterator[bytes]:
     """The non-blank lines of a watch stream (a urllib3 response), each at most MAX_EVENT_BYTES (ApiCallError past
     it: the rest of such a line is never buffered)."""
-    buf = bytearray()
+    lines = LineSplitter()
     for chunk in resp.stream(1 << 16):
-        searched = len(buf)  # bytes known to hold no newline: a long event is scanned once
-        buf += chunk
-        while (nl := buf.find(b"\n", searched)) >= 0:
-            line = bytes(buf[:nl])
-            del buf[:nl + 1]
-            searched = 0
-            if line.strip():
-                yield line
-        if len(buf) > MAX_EVENT_BYTES:
+        yield from lines.feed(chunk)
+        if lines.pending > MAX_EVENT_BYTES:
             raise ApiCallError(0, f"a watch event over {MAX_EVENT_BYTES} bytes: the stream is cut off")
-    if buf.strip():
-        yield bytes(buf)
+    yield from lines.rest()
 
 
 def _event(line: bytes) -> dict[str, Any]:

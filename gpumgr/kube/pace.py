@@ -101,3 +101,33 @@ class Backoff:
 
     def reset(self) -> None:
         self.current = self.first
+
+
+class LineSplitter:
+    """The non-blank lines of a watch stream fed in chunks; `pending` is the size of the unfinished line, which the
+    caller bounds (MAX_EVENT_BYTES) after each chunk, so a line past the bound is never buffered further. A long
+    line is scanned for its newline once, however many chunks it comes in."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf)
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        buf = self._buf
+        searched = len(buf)  # bytes known to hold no newline
+        buf += chunk
+        lines: list[bytes] = []
+        while (nl := buf.find(b"\n", searched)) >= 0:
+            line = bytes(buf[:nl])
+            del buf[:nl + 1]
+            searched = 0
+            if line.strip():
+                lines.append(line)
+        return lines
+
+    def rest(self) -> list[bytes]:
+        """The last line when the stream ended without a newline after it."""
+        return [bytes(self._buf)] if self._buf.strip() else []

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 
 from gpumgr.kube.kubeconfig import ClusterAccess
-from gpumgr.kube.pace import MAX_EVENT_BYTES, MAX_PAGE_ELEMENTS
+from gpumgr.kube.pace import MAX_EVENT_BYTES, MAX_PAGE_ELEMENTS, LineSplitter
 from gpumgr.serving import jsonbound
 
 log = logging.getLogger("gpumgr.kube")
@@ -147,20 +147,14 @@ class KubeRest:
                                     ssl=self._ssl(), timeout=self._timeout(read=read_timeout)) as resp:
             if resp.status >= 400:
                 raise _error(resp.status, resp.reason, await _read_capped(resp, MAX_ERROR_BYTES, "GET", path))
-            buf = bytearray()
+            lines = LineSplitter()
             async for chunk in resp.content.iter_any():
-                searched = len(buf)  # bytes already known to hold no newline: a long event is scanned once
-                buf += chunk
-                while (nl := buf.find(b"\n", searched)) >= 0:
-                    line = bytes(buf[:nl])
-                    del buf[:nl + 1]
-                    searched = 0
-                    if line.strip():
-                        yield _event(line)
-                if len(buf) > MAX_WATCH_LINE:
+                for line in lines.feed(chunk):
+                    yield _event(line)
+                if lines.pending > MAX_WATCH_LINE:
                     raise ApiError(resp.status, "BadResponse", f"watch {path}: an event over {MAX_WATCH_LINE} bytes")
-            if buf.strip():
-                yield _event(bytes(buf))
+            for line in lines.rest():
+                yield _event(line)
 
     async def aclose(self) -> None:
         """Close the session if it belongs to the running loop (calls still using it fail). The session of another

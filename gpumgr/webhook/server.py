@@ -34,10 +34,11 @@ BUSY_BODY = b'{"error":"the gpumgr webhook has too many open connections; try ag
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a Pod is at most ~1.5 MiB in etcd; object and oldObject together fit
-# A body may hold one JSON key, value, object or array per this many bytes: 200,000 in 4 MiB, ten times what a
-# pod with 10,000 environment variables and its managedFields holds; ~20 MiB of Python objects at most
+# A body may hold one JSON key, value, object or array per this many of its bytes (the extender's is serving.body's
+# JSON_BYTES_PER_ELEMENT): 200,000 in 4 MiB, ten times what a pod with 10,000 environment variables and its
+# managedFields holds; ~20 MiB of Python objects at most
 # (gpumgr.serving.jsonbound.BYTES_PER_ELEMENT), where 4 MiB of `{},` unchecked were 1.3 million dicts and ~190 MiB.
-BYTES_PER_ELEMENT = 20
+JSON_BYTES_PER_ELEMENT = 20
 READ_TIMEOUT = 10.0  # the API server's own webhook timeout is 10 s by default
 HEADER_TIMEOUT = 5.0  # to send the request line and headers (and the TLS handshake); also the idle keep-alive
 MAX_CONNECTIONS = 256
@@ -67,7 +68,7 @@ class WebhookServer:
         # and, with the container's memory limit, the bodies in flight fit in 3/8 of it (serving.body.Limits)
         self._limits = Limits(max_body_bytes=max_body_bytes, header_timeout=header_timeout, body_timeout=read_timeout,
                               max_connections=max_connections, memory_limit_bytes=memory_limit_bytes,
-                              json_bytes_per_element=BYTES_PER_ELEMENT)
+                              json_bytes_per_element=JSON_BYTES_PER_ELEMENT)
         self.max_elements = self._limits.max_json_elements
         self._budget = BodyBudget(self._limits.budget_bytes)
         self._stamp = _stamp(tls) if tls else None

@@ -144,22 +144,12 @@ def run_n(bins: Path, n: int, pods: int, opts: Options) -> list[Row]:
         extender.wait_nodes(n)
         by_name = {x.name: x for x in nodes}
         shapes = workload.shapes(pods)
-        rounds = [(shapes, 0.0)]
-        if opts.pace or opts.paced_rate:
-            rounds.append((workload.shapes(min(pods, opts.paced_pods), seed=22), opts.paced_rate))
-        for round_shapes, rate in rounds:
-            if round_shapes is not shapes and not rate:
-                base = next((r for r in rows if r.path == "a"), None)
-                if base is None or not base.pods_per_s:
-                    print("  no paced round: it paces at a fraction of path a's burst pods/s (--paths with a)")
-                    break
-                rate = round(opts.pace * base.pods_per_s, 1)
-            for path in opts.paths:
-                rows.append(run_path(cluster, gm, extender, by_name, round_shapes, path, opts, rate, workdir))
-                r = rows[-1]
-                print(f"  N={n} path {path} {r.arrivals}: {r.bound}/{r.pods} bound, {r.pods_per_s:.1f} pods/s, "
-                      f"p50 {r.p50_s:.2f} s, p99 {r.p99_s:.2f} s, unbound: {dict(r.reasons) or '-'}", flush=True)
-                _clean(cluster.client, r.namespace)
+        for path in opts.paths:  # burst: as fast as the API takes them
+            rows.append(run_path(cluster, gm, extender, by_name, shapes, path, opts, 0.0))
+        rate = opts.paced_rate or paced_rate(rows, opts.pace)
+        shapes = workload.shapes(min(pods, opts.paced_pods), seed=22)
+        for path in opts.paths if rate else "":
+            rows.append(run_path(cluster, gm, extender, by_name, shapes, path, opts, rate))
         extender.stop_profile()
     finally:
         cluster.stop()
@@ -171,7 +161,9 @@ def run_n(bins: Path, n: int, pods: int, opts: Options) -> list[Row]:
 
 
 def run_path(cluster: Any, gm: Any, extender: Any, nodes: dict[str, fleet.FakeNode],
-             shapes: list[workload.Shape], path: str, opts: Options, rate: float, workdir: Path) -> Row:
+             shapes: list[workload.Shape], path: str, opts: Options, rate: float) -> Row:
+    """One path's pods (created at `rate` pods/s, 0: as fast as the API takes them) to bound or stalled, printed;
+    its pods and claims deleted after."""
     from kubernetes import client as k
 
     from tests.bench.scale.sched_profile import SchedulerProfile
@@ -211,7 +203,7 @@ def run_path(cluster: Any, gm: Any, extender: Any, nodes: dict[str, fleet.FakeNo
         print(spy.finish(), flush=True)
     row = Row(n=len(nodes), path=path, pods=len(bodies), bound=len(watch.bound), rate=rate,
               qps=f"{opts.rate['qps']:g}/{opts.rate['burst']:g}"
-              + (f" {opts.nodes_to_score}%" if opts.nodes_to_score else ""), namespace=ns)
+              + (f" {opts.nodes_to_score}%" if opts.nodes_to_score else ""))
     latencies = [watch.bound[name] - sent[name] for name in watch.bound if name in sent]
     if watch.bound:
         row.pods_per_s = len(watch.bound) / max(1e-9, max(watch.bound.values()) - min(sent.values()))
@@ -240,7 +232,21 @@ def run_path(cluster: Any, gm: Any, extender: Any, nodes: dict[str, fleet.FakeNo
     if follower is not None:
         follower.stop(restore=True)
         print(f"    agent stand-in: {follower.updates} slice updates")
+    print(f"  N={row.n} path {path} {row.arrivals}: {row.bound}/{row.pods} bound, {row.pods_per_s:.1f} pods/s, "
+          f"p50 {row.p50_s:.2f} s, p99 {row.p99_s:.2f} s, unbound: {dict(row.reasons) or '-'}", flush=True)
+    _clean(cluster.client, ns)
     return row
+
+
+def paced_rate(rows: list[Row], pace: float) -> float:
+    """The paced round's pods/s: `pace` of path a's burst pods/s (0: no paced round, nor without path a)."""
+    base = next((r for r in rows if r.path == "a" and not r.rate), None)
+    if not pace:
+        return 0.0
+    if base is None or not base.pods_per_s:
+        print("  no paced round: it paces at a fraction of path a's burst pods/s (--paths with a, or --rate)")
+        return 0.0
+    return round(pace * base.pods_per_s, 1)
 
 
 def _namespace(core: Any, ns: str) -> None:
@@ -359,7 +365,6 @@ class Row:
     bound: int
     rate: float = 0.0  # pods/s the pods were created at; 0: as fast as the API takes them
     qps: str = ""  # the client qps/burst of the path's scheduler (and its percentageOfNodesToScore, if set)
-    namespace: str = ""
     pods_per_s: float = 0.0
     p50_s: float = 0.0
     p99_s: float = 0.0

@@ -140,8 +140,15 @@ def test_the_node_restriction_lets_the_agent_write_the_mig_labels_but_not_the_op
         patched = changed(patched, ("metadata", "labels", k), v)
     assert update(pol, "nodes", node, patched).allowed
     denied = update(pol, "nodes", node, changed(node, ("metadata", "labels", "nvidia.com/mig.config"), "all-1g.10gb"))
-    assert denied.denied and "but nvidia.com/mig.config" in denied.denied[0]
+    assert denied.denied and "(never nvidia.com/mig.config)" in denied.denied[0]
     assert not update(pol, "nodes", node, changed(node, ("metadata", "labels", "nvidia.com/gpu.product"), "x")).allowed
+    # the operator's layout, once set, is neither changed nor removed by the agent (docs/mig.md: never touched)
+    laid = changed(node, ("metadata", "labels", "nvidia.com/mig.config"), "all-1g.10gb")
+    assert not update(pol, "nodes", laid, changed(laid, ("metadata", "labels", "nvidia.com/mig.config"),
+                                                  "all-disabled")).allowed
+    assert not update(pol, "nodes", laid, changed(laid, ("metadata", "labels", "nvidia.com/mig.config"), None)).allowed
+    assert update(pol, "nodes", laid, changed(laid, ("metadata", "labels", "nvidia.com/mig.config.state"),
+                                              "success")).allowed
 
 
 def _ledger() -> Any:

@@ -44,14 +44,7 @@ class HostileApi:
     async def __aenter__(self) -> HostileApi:
         app = web.Application()
         app.router.add_get("/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        server = site._server
-        assert server is not None
-        port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-        self.url = f"http://127.0.0.1:{port}"
+        self._runner, self.url = await _serve(app)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -187,13 +180,7 @@ class SwitchingProxy:
         self._session = aiohttp.ClientSession(auto_decompress=False)
         app = web.Application(client_max_size=64 << 20)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        server = site._server
-        assert server is not None
-        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"  # type: ignore[attr-defined]
+        self._runner, self.url = await _serve(app)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -244,3 +231,14 @@ class SwitchingProxy:
                 await resp.write(chunk)
             await resp.write_eof()
             return resp
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    """`app` served on a free port of 127.0.0.1: its runner (to clean up) and its URL."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    server = site._server
+    assert server is not None
+    return runner, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -64,6 +65,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _wait_alive(proc: subprocess.Popen[str], base: str, ctx: ssl.SSLContext | None = None) -> None:
+    """Until `base`/healthz answers alive (30 s at most, the process still running)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/healthz", context=ctx, timeout=5) as r:
+                assert json.load(r) == {"status": "alive"}
+            return
+        except (urllib.error.URLError, ConnectionError):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+            time.sleep(0.1)
+
+
 def test_serves_https_with_flags_from_the_environment(certs: Pair) -> None:
     port = _free_port()
     proc = subprocess.Popen(GPUMGR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -71,15 +85,7 @@ def test_serves_https_with_flags_from_the_environment(certs: Pair) -> None:
                                      GPUMGR_TLS_KEY_FILE=str(certs.key), GPUMGR_SCHEDULER_NAME="gpu-sched"))
     ctx = client_context(certs.cert)
     try:
-        deadline = time.monotonic() + 30
-        while True:  # wait until it listens
-            try:
-                with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=ctx, timeout=5) as r:
-                    assert json.load(r) == {"status": "alive"}
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
-                time.sleep(0.1)
+        _wait_alive(proc, f"https://127.0.0.1:{port}", ctx)
         body = json.dumps(review(pod(container("t", limits={CORE: "100"})))).encode()
         req = urllib.request.Request(f"https://127.0.0.1:{port}/mutate", data=body,
                                      headers={"Content-Type": "application/json"})
@@ -98,15 +104,7 @@ def test_insecure_http_serves_plain_http_with_a_warning() -> None:
     proc = subprocess.Popen([*GPUMGR, "--insecure-http", "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env())
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
-                    assert json.load(r) == {"status": "alive"}
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
-                time.sleep(0.1)
+        _wait_alive(proc, f"http://127.0.0.1:{port}")
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)
@@ -125,15 +123,7 @@ def test_probe_listen_serves_healthz_over_http_while_mutate_needs_a_client_certi
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(GPUMGR_PROBE_LISTEN=f"127.0.0.1:{probe}"))
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{probe}/healthz", timeout=5) as r:
-                    assert json.load(r) == {"status": "alive"}
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
-                time.sleep(0.1)
+        _wait_alive(proc, f"http://127.0.0.1:{probe}")
         try:
             urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=client_context(certs.cert), timeout=5)
             raise AssertionError("served a caller without a client certificate")
