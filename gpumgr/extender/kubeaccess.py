@@ -24,7 +24,6 @@ CALL_TIMEOUT = 10.0  # read timeout of one get, patch, bind or list page
 POOL_SIZE = 6  # HTTP connections of the kubernetes client (three watches, their re-lists)
 MERGE_PATCH = "application/merge-patch+json"
 CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
-MAX_DEPTH = 64  # of an API object as JSON (a pod with managedFields nests ~20 deep)
 
 
 class ApiCallError(Exception):
@@ -146,7 +145,7 @@ def _read_capped(resp: Any, what: str) -> bytes:
 
 def _json(raw: bytes, what: str) -> dict[str, Any]:
     try:
-        doc = jsonbound.loads(raw, max_elements=MAX_PAGE_ELEMENTS, max_depth=MAX_DEPTH, what=what)
+        doc = jsonbound.loads(raw, max_elements=MAX_PAGE_ELEMENTS, max_depth=jsonbound.API_OBJECT_DEPTH, what=what)
     except ValueError as e:
         raise ApiCallError(0, f"the API answered with something gpumgr will not decode: {e}") from None
     if not isinstance(doc, dict):

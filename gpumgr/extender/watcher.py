@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpumgr.extender.kubeaccess import MAX_DEPTH, ApiCallError, KubeAccess
+from gpumgr.extender.kubeaccess import ApiCallError, KubeAccess
 from gpumgr.kube.pace import MAX_EVENT_BYTES, QUICK_WATCH_S, Backoff, BookmarkPace, LineSplitter, page_count_cap
 from gpumgr.serving import jsonbound
 
@@ -263,7 +263,8 @@ def event_lines(resp: Any) -> Iterator[bytes]:
 
 def _event(line: bytes) -> dict[str, Any]:
     try:
-        event = jsonbound.loads(line, max_elements=MAX_EVENT_BYTES // 8, max_depth=MAX_DEPTH, what="a watch event")
+        event = jsonbound.loads(line, max_elements=MAX_EVENT_BYTES // 8, max_depth=jsonbound.API_OBJECT_DEPTH,
+                                what="a watch event")
     except ValueError as e:
         raise ApiCallError(0, str(e)) from None
     if not isinstance(event, dict) or not isinstance(event.get("object") or {}, dict):

@@ -18,7 +18,6 @@ from gpumgr.serving import jsonbound
 
 MAX_NODES = 20_000  # NodeNames / Nodes.items per call (Kubernetes supports 5,000 nodes per cluster)
 MAX_NAME = 253  # DNS subdomain: the longest node, pod or namespace name
-MAX_DEPTH = 64  # a Pod with managedFields nests about 20 deep; a NodeList item about 10
 MAX_CONTAINERS = 256  # per containers / initContainers list (real pods have a handful; the API caps pods at ~1.5 MB)
 _PLAIN = re.compile(r"[A-Za-z0-9._\-]*")  # characters JSON strings carry unescaped
 
@@ -27,7 +26,7 @@ class BadRequest(ValueError):
     """A request body the extender cannot use; answered with HTTP 400 and this message."""
 
 
-def decode_json(raw: bytes, max_elements: int, max_depth: int = MAX_DEPTH) -> Any:
+def decode_json(raw: bytes, max_elements: int, max_depth: int = jsonbound.API_OBJECT_DEPTH) -> Any:
     """The body as JSON, refused before decoding when it may hold more than `max_elements` keys, values, objects
     and arrays or nests deeper than `max_depth` (`gpumgr.serving.jsonbound`): what decoding can allocate is bounded."""
     try:

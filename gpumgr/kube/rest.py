@@ -33,7 +33,6 @@ READ_TIMEOUT_S = 30.0
 MAX_ANSWER_BYTES = 16 << 20  # one object (a pod, a node: at most ~1.5 MiB in etcd); list pages: max_bytes
 MAX_ERROR_BYTES = 64 << 10  # a Status object
 MAX_WATCH_LINE = MAX_EVENT_BYTES  # one watch event; a pod is at most ~1.5 MiB in etcd, so this is only a bound
-MAX_DEPTH = 64  # of an API object as JSON (a pod with managedFields nests ~20 deep)
 ELEMENT_BYTES = 16  # an answer may hold one JSON key or value per this many bytes (at most MAX_PAGE_ELEMENTS)
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -128,7 +127,7 @@ class KubeRest:
                 break
         try:
             doc = jsonbound.loads(raw, max_elements=min(MAX_PAGE_ELEMENTS, max(1024, cap // ELEMENT_BYTES)),
-                                  max_depth=MAX_DEPTH, what="the answer") if raw else {}
+                                  max_depth=jsonbound.API_OBJECT_DEPTH, what="the answer") if raw else {}
         except jsonbound.JsonBoundsError as e:
             raise ApiError(resp.status, "BadResponse", f"{method} {path}: {e}") from None
         except ValueError:
@@ -243,7 +242,7 @@ async def _read_capped(resp: aiohttp.ClientResponse, cap: int, method: str, path
 
 def _event(line: bytes) -> dict[str, Any]:
     try:
-        ev = jsonbound.loads(line, max_elements=MAX_WATCH_LINE // ELEMENT_BYTES, max_depth=MAX_DEPTH,
+        ev = jsonbound.loads(line, max_elements=MAX_WATCH_LINE // ELEMENT_BYTES, max_depth=jsonbound.API_OBJECT_DEPTH,
                              what="a watch event")
     except ValueError:
         raise ApiError(200, "BadResponse", f"a watch event is not JSON within bounds: {line[:80]!r}") from None

@@ -31,6 +31,8 @@ import json
 import re
 from typing import Any
 
+API_OBJECT_DEPTH = 64  # nesting of a Kubernetes API object as JSON: a Pod with managedFields nests ~20 deep
+
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
 _INNERMOST = re.compile(rb"\{\}|\[\]")

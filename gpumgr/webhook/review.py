@@ -14,7 +14,6 @@ from gpumgr.serving import jsonbound
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
-MAX_DEPTH = 64  # a Pod with managedFields nests about 20 deep
 MAX_UID = 128  # the API server sends a UUID
 
 
@@ -23,14 +22,15 @@ class BadReview(ValueError):
 
 
 def decode(raw: bytes, max_elements: int) -> Any:
-    """JSON of at most MAX_DEPTH levels of nesting and `max_elements` keys, values, objects and arrays, both
-    checked on the bytes before anything is built (`gpumgr.serving.jsonbound`)."""
+    """JSON of at most `jsonbound.API_OBJECT_DEPTH` levels of nesting and `max_elements` keys, values, objects and
+    arrays, both checked on the bytes before anything is built (`gpumgr.serving.jsonbound`)."""
     try:
-        doc = jsonbound.loads(raw, max_elements=max_elements, max_depth=MAX_DEPTH)
+        doc = jsonbound.loads(raw, max_elements=max_elements, max_depth=jsonbound.API_OBJECT_DEPTH)
     except jsonbound.JsonBoundsError as e:
         raise BadReview(str(e)) from None
-    if _depth_exceeds(doc, MAX_DEPTH):  # the scan's count is of brackets; kept as a second check of the document
-        raise BadReview(f"the body is nested deeper than {MAX_DEPTH} levels")
+    # the scan's count is of brackets; kept as a second check of the document
+    if _depth_exceeds(doc, jsonbound.API_OBJECT_DEPTH):
+        raise BadReview(f"the body is nested deeper than {jsonbound.API_OBJECT_DEPTH} levels")
     return doc
 
 

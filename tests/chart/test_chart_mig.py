@@ -43,6 +43,14 @@ def test_a_prefix_alone_is_passed() -> None:
     assert got["mig-resource-prefix"] == "example.com/mig-" and "mig-layout" not in got
 
 
+def test_the_longest_prefix_the_agent_takes_is_valid() -> None:
+    # the schema once allowed 21 characters after the slash and the agent's --mig-resource-prefix 30
+    prefix = "example.com/" + "m" * 30
+    with helm.Chart.load(CHART_DIR) as chart:
+        chart.validate_schema({"agent": {"mig": {"resourcePrefix": prefix}}})
+    assert agent_flags({"agent": {"mig": {"resourcePrefix": prefix}}})["mig-resource-prefix"] == prefix
+
+
 def test_named_layouts_are_a_configmap_the_agent_reads(tmp_path: Path) -> None:
     out = render({"agent": {"mig": {"layout": "halves", "layouts": LAYOUTS}}})
     ds = out.get("DaemonSet", AGENT)
@@ -86,6 +94,7 @@ def test_extender_profiles_are_managed_resources() -> None:
     ({"layouts": {"halves": {"first": ["3g.40gb"]}}}, "first"),
     ({"layouts": {"halves": {"all": ["3g"]}}}, "3g"),
     ({"resourcePrefix": "NVIDIA.com/mig-"}, "resourcePrefix"),
+    ({"resourcePrefix": "example.com/" + "m" * 31}, "resourcePrefix"),  # the agent refuses more than 30 as well
     ({"extenderProfiles": ["one"]}, "one"),
     ({"shared": {"1g.10gb": 1}}, "minimum"),
     ({"shared": {"1g.10gb": 65}}, "maximum"),
