@@ -106,10 +106,13 @@ async def test_the_loop_survives_records_and_errors_nobody_expected(api: KubeApi
 
     clock = Clock()
     await make("a", clock).step()
-    for lease_api in (Doctored(calls, no_metadata), Broken(calls)):
+    for lease_api, said in ((Doctored(calls, no_metadata), "no resourceVersion"), (Broken(calls), "nobody expected")):
         b = make("b", clock, lease_api)
         b.start()
-        await asyncio.sleep(0.3)  # the loop tries, fails, and keeps going
+        async with timeout_of(30):  # the loop tries and fails (however long a loaded machine takes) ...
+            while said not in caplog.text:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # ... and keeps going
         assert b.failure() == "" and not b.leading
         await b.stop(release=False)
     assert "no resourceVersion" in caplog.text and "nobody expected this" in caplog.text
@@ -204,7 +207,8 @@ async def test_health_fails_when_the_election_loop_ends(start_extender: Any, mon
         assert caplog.text.count("POD_NAME or POD_NAMESPACE is not set") == 1
         loop = next(t for t in asyncio.all_tasks() if t.get_name() == "gpumgr-extender-election")
         loop.cancel()
-        await asyncio.sleep(0.05)
+        await asyncio.wait([loop], timeout=30)  # it has ended (its cleanup may take a while on a loaded machine)
+        assert loop.done()
         async with http.get(f"{probe}/healthz") as r:
             assert r.status == 500 and "election" in (await r.json())["reason"]
         async with http.get(f"{probe}/readyz") as r:
