@@ -16,7 +16,7 @@ def topo_path(prefix: str) -> Path:
     return matches[0]
 
 
-async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+async def until(cond: Callable[[], bool], timeout: float = 30.0) -> None:
     """Poll `cond` on the running loop until it holds; fail the test past `timeout` seconds."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout

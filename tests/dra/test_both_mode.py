@@ -19,7 +19,7 @@ def gpu0(node: DraNode) -> dict:
     return s["spec"]["devices"][0]["capacity"]
 
 
-async def until(pred, timeout: float = 5.0) -> None:
+async def until(pred, timeout: float = 30.0) -> None:
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while not pred():

@@ -21,7 +21,7 @@ def published(node: DraNode) -> list[dict[str, Any]]:
     return [s for s in node.api.store.list_resource("resourceslices") if s["spec"]["driver"] == DRIVER_NAME]
 
 
-async def until(predicate: Any, timeout: float = 5.0) -> None:
+async def until(predicate: Any, timeout: float = 30.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not predicate():
@@ -149,7 +149,8 @@ async def test_a_health_change_during_a_publish_is_not_lost(node: DraNode):
 
     kube.replace_slice = replace_while_card_3_turns_sick  # type: ignore[method-assign]
     await state.set_reason(0, "first", True)
-    await until(lambda: "taints" in published(node)[0]["spec"]["devices"][3], timeout=3)
+    # well within the publisher's periodic check (PERIOD_S, 60 s), which would also publish it
+    await until(lambda: "taints" in published(node)[0]["spec"]["devices"][3], timeout=30)
     assert "taints" in published(node)[0]["spec"]["devices"][0]
 
 

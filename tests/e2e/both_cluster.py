@@ -43,7 +43,7 @@ NS = "default"
 CARD_MIB = 16384
 UNIT_MIB = 256
 MIB = 2**20
-WAIT_S = 10.0
+WAIT_S = 30.0
 
 
 @dataclass(frozen=True)

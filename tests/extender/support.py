@@ -99,7 +99,7 @@ def args_nodes(p: dict[str, Any], nodes: Sequence[dict[str, Any]]) -> dict[str, 
     return {"Pod": p, "Nodes": {"metadata": {}, "items": list(nodes)}, "NodeNames": None}
 
 
-async def eventually(check: Any, timeout: float = 5.0, interval: float = 0.02) -> Any:
+async def eventually(check: Any, timeout: float = 30.0, interval: float = 0.02) -> Any:
     """Await `check()` until it returns a truthy value; the last value on timeout (bounded wait)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

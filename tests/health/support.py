@@ -70,7 +70,7 @@ class ScriptedBackend:
         self.sim.close()
 
 
-async def until(condition: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
+async def until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
     """Wait (bounded) until `condition()` holds; fail naming `what` otherwise."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s

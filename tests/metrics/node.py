@@ -103,7 +103,7 @@ class RecordingBackend:
         self.entered.set()
         gate, self.gate = self.gate, None  # holds the first call only
         if gate is not None:
-            gate.wait(5)
+            gate.wait(30)  # the test opens it (after a request that a loaded machine may make slow); a bound
         if index in self.failing:
             raise RuntimeError(f"NVML_ERROR_GPU_IS_LOST on GPU{index}")
         s = self.sim.status(index)

@@ -27,7 +27,7 @@ from gpumgr.sim.kubelet import (
 
 CORE = "tencent.com/vcuda-core"
 MEM = "tencent.com/vcuda-memory"
-WAIT = 5.0
+WAIT = 30.0
 
 pytestmark = pytest.mark.timeout(60)
 
