@@ -125,7 +125,9 @@ async def test_deleted_pods_free_their_cards_and_vdevice_directories():
         await node.delete_pod("short")
         loop = asyncio.get_running_loop()
         end = loop.time() + 30
-        while node.agent.state.ledger.allocations and loop.time() < end:
+        # the reconcile frees the ledger's allocation first and removes the directory after (awaiting between):
+        # wait for both, not just the first
+        while (node.agent.state.ledger.allocations or vdir.exists()) and loop.time() < end:
             await asyncio.sleep(0.05)
         assert not node.agent.state.ledger.allocations
         assert not vdir.exists()
