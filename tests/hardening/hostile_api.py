@@ -242,3 +242,8 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
     server = site._server
     assert server is not None
     return runner, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"  # type: ignore[attr-defined]
+
+
+def met_a_huge_list(proxy: SwitchingProxy, log: Path) -> bool:
+    """The agent writing `log` listed through `proxy` in its "expire" mode and cut the 256 MiB answer off."""
+    return proxy.hostile["expire"].lists >= 1 and "an answer over 33554432 bytes" in log.read_text(errors="replace")

@@ -20,7 +20,7 @@ from gpumgr.sim.kubeapi.kubeconfig import write_kubeconfig
 from gpumgr.sim.kubelet.dra_kubelet import DraKubelet
 from tests.dra.harness import NS, device_classes, share_request
 from tests.e2e.agent_process import ProcessNode, process_node
-from tests.hardening.hostile_api import SwitchingProxy
+from tests.hardening.hostile_api import SwitchingProxy, met_a_huge_list
 from tests.hardening.memcap import Capped, chart_memory_limit
 
 HOSTILE_S = 8.0
@@ -83,6 +83,8 @@ async def test_the_dra_plugin_keeps_serving_the_kubelet_through_a_hostile_then_a
                 for mode, seconds in (("expire", HOSTILE_S), ("flood", HOSTILE_S), ("gone", GONE_S)):
                     proxy.switch(mode)
                     await asyncio.sleep(seconds)
+                    if mode == "expire":  # the pod cache has met a 256 MiB list (asserted below; a loaded machine
+                        await _until(lambda: met_a_huge_list(proxy, agent.log), agent.output, 90)  # may need longer)
                     assert agent.alive(), agent.output()
                     assert kubelet.drivers.get(DRIVER_NAME) is not None, mode  # still registered
                     claim = _allocated(n, scheduler, f"new-{mode}")
