@@ -18,7 +18,7 @@ async def test_extender_bind_then_kubelet_allocate_gives_the_same_cards():
         port = await ext.start("127.0.0.1", 0)
         try:
             await ext.wait_ready(30)
-            await node.kubelet.wait_for(lambda: node.node_name in ext.view.nodes, 10)
+            await node.kubelet.wait_for(lambda: node.node_name in ext.view.nodes, 30)
             sched = SchedulerEmulator(f"http://127.0.0.1:{port}/gpumgr")
             asks = [("a", [("main", 30, 8)]), ("b", [("main", 30, 8)]), ("c", [("main", 200, 0)]),
                     ("d", [("x", 20, 4), ("y", 100, 0)]), ("e", [("main", 40, 8)])]

@@ -199,7 +199,7 @@ async def assert_a_relist_frees_the_node(tmp_path: Path, store: Any, p: dict[str
             for i in range(5):
                 store.create_pod(pod(f"filler-{i}", [(0, 0)]))
             await api.start()  # same port, same store: the watch resumes, gets 410, lists again
-            assert await eventually(fits, timeout=15)
+            assert await eventually(fits, timeout=60)
     finally:
         await server.stop()
         await api.stop()

@@ -44,7 +44,7 @@ async def test_ready_only_once_the_first_list_is_in(tmp_path: Path) -> None:
                     async with http.get(f"{base}/readyz") as r:
                         return r.status == 200
 
-                assert await eventually(ready, timeout=15)
+                assert await eventually(ready, timeout=60)
     finally:
         await server.stop()
 
