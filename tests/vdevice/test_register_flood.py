@@ -142,7 +142,8 @@ async def test_callers_that_give_up_do_not_leave_walks_running_behind_them(root:
     await mgr.start(kb, limits(UID_B))
     wfd = -1
     try:
-        first = asyncio.create_task(register(layout.socket_for(ka), 7, deadline_s=0.2))
+        # it must reach the server (and start the walk the FIFO holds) before it gives up: 2 s, for a loaded machine
+        first = asyncio.create_task(register(layout.socket_for(ka), 7, deadline_s=2))
         wfd = await asyncio.wait_for(reader_waiting(fifo), 60)
         codes = {await first}
         for _ in range(6):  # waves of callers that give up while the walk is held
