@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from gpumgr.agent.config import AgentConfig
 from gpumgr.agent.ports import ServiceConfig
 from gpumgr.agent.reconcile import reconcile
+from gpumgr.agent.round_pods import RoundPods
 from gpumgr.agent.service import AllocationService
 from gpumgr.deviceplugin.response import ResponseConfig
 from gpumgr.deviceplugin.servicer import PluginServicer
@@ -213,12 +214,13 @@ class Agent:
     async def _reconcile(self, why: str, full: bool = True) -> None:
         """The vcuda allocations, then the device plugins' MIG holdings (gpumgr/mig/holdings.py)."""
         assert self.service is not None and self.pods is not None
-        await reconcile(self.service, self.pods.synced, self.config.grace_s, why, full=full)
+        pods = RoundPods(self.pods)  # one listing (and at most one fresh API list) for both passes
+        await reconcile(self.service, self.pods.synced, self.config.grace_s, why, full=full, round_pods=pods)
         if self.mig is not None and self.mode != "dra":
             from gpumgr.mig.holdings import reconcile_holdings
 
             await reconcile_holdings(self.service, self.mig.served(self.service.state), self.config.grace_s, why,
-                                     full=full)
+                                     full=full, round_pods=pods)
 
     async def publish_inventory(self) -> bool:
         """The node annotation the extender reads: cards, links and which cards are unhealthy."""

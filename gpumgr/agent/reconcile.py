@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass, field, replace
 
 from gpumgr.agent.gone import gone
+from gpumgr.agent.round_pods import RoundPods
 from gpumgr.agent.service import AllocationService
 from gpumgr.agent.truth import apply_truths
 from gpumgr.allocator import Allocation, Ledger
 from gpumgr.deviceplugin import ids as devids
-from gpumgr.kube.pod_cache import mirror_of
 from gpumgr.node import binding
 from gpumgr.node.claims import is_claim
 from gpumgr.node.kubelet_checkpoint import KubeletCheckpointError
@@ -30,10 +30,11 @@ from gpumgr.vdevice.layout import allocation_key
 log = logging.getLogger("gpumgr.reconcile")
 
 async def reconcile(service: AllocationService, pods_synced: bool, grace_s: float, why: str,
-                    full: bool = True) -> Report:
+                    full: bool = True, round_pods: RoundPods | None = None) -> Report:
     """`full=False` (on pod changes) only frees what pods that are gone or finished held; the full pass does
     everything. Both name owners from the kubelet checkpoint (one stat when it is unchanged): a static pod's
-    mirror pod recreated under a new UID is still the pod the kubelet records, and keeps its cards."""
+    mirror pod recreated under a new UID is still the pod the kubelet records, and keeps its cards. `round_pods`:
+    the round's pods, shared with the MIG holdings' pass (listed here when not given)."""
     state = service.state
     report = Report(why=why)
     kubelet_ok, entries = False, []
@@ -44,11 +45,8 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
         entries = [e for e in ckpt.entries if e.resource_name == podspec.RESOURCE_CORE]
     except KubeletCheckpointError as err:
         log.error("reconcile (%s): kubelet checkpoint unreadable, freeing nothing on its account: %s", why, err)
-    pods = {p["metadata"]["uid"]: p for p in service.pods.pods() if (p.get("metadata") or {}).get("uid")}
-    for p in list(pods.values()):  # static pods: the kubelet knows them by their mirror pod's config.mirror UID
-        alias = mirror_of(p)
-        if alias:
-            pods.setdefault(alias, p)
+    view = round_pods if round_pods is not None else RoundPods(service.pods)
+    pods = view.by_uid  # static pods also by their mirror pod's config.mirror UID, as the kubelet knows them
     live = {uid for uid, p in pods.items() if binding.is_live(p)}
     holders: dict[str, list[tuple[str, str]]] = {}
     ids_of: dict[str, tuple[str, ...]] = {}
@@ -81,7 +79,7 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
         elif full and kubelet_ok and now - (a.created or 0) > grace_s:
             release.append(a.key)  # never recorded by the kubelet: the admission failed or was never completed
             report.freed_unrecorded += 1
-    freed = await gone(service.pods, missing)
+    freed = await gone(view, missing)
     release += freed
     report.freed_gone += len(freed)
 

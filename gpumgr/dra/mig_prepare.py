@@ -47,6 +47,8 @@ from gpumgr.requests.claim_results import ResultError, allocated_results
 
 log = logging.getLogger("gpumgr.dra.mig")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+MAX_SHARE_ID = 63  # a DNS label; kube-scheduler writes a UUID (36)
+_SHARE_ID = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -323,7 +325,18 @@ def mig_results_of(claim: Mapping[str, Any], driver: str, pool: str) -> list[Mig
     out = []
     for r in mig:
         cores, memory = mig_shares.amounts(label, r)
-        share = r.get("shareID")
         out.append(MigResult(request=str(r.get("request", "")), device=str(r["device"]), cores=cores,
-                             memory_bytes=memory, share_id=share[:63] if isinstance(share, str) else ""))
+                             memory_bytes=memory, share_id=_share_id(label, r)))
     return out
+
+
+def _share_id(label: str, r: Mapping[str, Any]) -> str:
+    """The result's shareID ("" when it has none): a DNS label or a UUID, as the API makes it; anything else is
+    refused, not cut (two shares cut to the same text would be one share)."""
+    share = r.get("shareID")
+    if share is None or share == "":
+        return ""
+    if not isinstance(share, str) or len(share) > MAX_SHARE_ID or not _SHARE_ID.fullmatch(share):
+        raise ClaimError(f"{label}: device {str(r.get('device'))[:80]}: shareID {str(share)[:80]!r} is not a DNS "
+                         f"label (letters, digits and '-', at most {MAX_SHARE_ID} characters)")
+    return share

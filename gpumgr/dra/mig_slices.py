@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gpumgr.devices.types import Inventory
@@ -104,16 +105,34 @@ def build_slices(base_spec: Mapping[str, Any], cards: Iterable[MigCard], inv: In
                  unit_mib: int = DEFAULT_UNIT_MIB) -> list[dict[str, Any]]:
     """The pool as ResourceSlice specs: `base_spec` (slices.build_spec's one slice) without the whole-card devices
     of cards in MIG mode, their MIG devices added; counter slices first. Every spec names the pool's slice count."""
+    return assemble(base_spec, mig_part(cards, inv, unhealthy, unit_mib))
+
+
+def mig_part(cards: Iterable[MigCard], inv: Inventory, unhealthy: Mapping[int, str] | None = None,
+             unit_mib: int = DEFAULT_UNIT_MIB) -> MigPart:
+    """The MIG cards' counter sets and devices: what `assemble` adds to any base spec (a caller may keep it while
+    the cards, their free placements and their health stay the same; the dicts in it are never changed)."""
     mig = [c for c in cards if c.enabled]
-    mig_names = {f"gpu-{c.index}" for c in mig}
-    base_devices = [d for d in base_spec.get("devices", []) if d.get("name") not in mig_names]
-    all_devices = base_devices + [d for c in mig for d in devices(c, inv, (unhealthy or {}).get(c.index), unit_mib)]
-    sets = [counter_set(c) for c in mig]
+    return MigPart(names=frozenset(f"gpu-{c.index}" for c in mig),
+                   devices=tuple(d for c in mig for d in devices(c, inv, (unhealthy or {}).get(c.index), unit_mib)),
+                   sets=tuple(counter_set(c) for c in mig))
+
+
+def assemble(base_spec: Mapping[str, Any], part: MigPart) -> list[dict[str, Any]]:
+    base_devices = [d for d in base_spec.get("devices", []) if d.get("name") not in part.names]
+    all_devices = base_devices + list(part.devices)
     specs: list[dict[str, Any]] = []
-    for i in range(0, len(sets), MAX_COUNTER_SETS):
-        specs.append({"sharedCounters": sets[i:i + MAX_COUNTER_SETS]})
+    for i in range(0, len(part.sets), MAX_COUNTER_SETS):
+        specs.append({"sharedCounters": list(part.sets[i:i + MAX_COUNTER_SETS])})
     for i in range(0, max(len(all_devices), 1), MAX_DEVICES):
         specs.append({"devices": all_devices[i:i + MAX_DEVICES]})
     pool = dict(base_spec.get("pool") or {})
     pool["resourceSliceCount"] = len(specs)
     return [{"driver": base_spec["driver"], "nodeName": base_spec["nodeName"], "pool": pool, **s} for s in specs]
+
+
+@dataclass(frozen=True)
+class MigPart:
+    names: frozenset[str]  # the whole-card devices the MIG devices replace (gpu-<index>)
+    devices: tuple[dict[str, Any], ...]
+    sets: tuple[dict[str, Any], ...]

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpumgr.dra.config import DraConfig
 from gpumgr.dra.kubeaccess import DraKube
-from gpumgr.dra.mig_slices import build_slices
+from gpumgr.dra.mig_slices import MigPart, assemble, mig_part
 from gpumgr.dra.slices import build_spec, unhealthy_map
 from gpumgr.mig.types import MigCard
 from gpumgr.node.claims import LEDGER_PREFIX
@@ -33,6 +33,9 @@ class SlicePublisher:
         self.published: Any = None  # the spec (a list of them with MIG) last written, without generation
         self.mig_cards: tuple[MigCard, ...] = ()  # MIG-capable cards: partitionable devices (dra/mig_slices.py)
         self.publishes = 0
+        # the MIG counter sets and devices, kept with what they were built from (the MIG cards, the static layout's
+        # instances, the cards' health): built again when that changed, not at every claim or share of a card
+        self._mig: tuple[Any, MigPart] | None = None
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
 
@@ -56,14 +59,21 @@ class SlicePublisher:
         mig = [c for c in self.mig_cards if c.enabled]
         if not mig:
             return [base]
-        ledger = self.state.ledger
-        taken = [s for s in ledger.slots.values() if s.origin != "claim"]  # the static layout's: not for claims
-        cards = [replace(c, profiles=tuple(replace(p, starts=tuple(
-            st for st in p.starts if not any(t.card == c.index and st < t.start + t.size and t.start < st
-                                             + p.memory_slices for t in taken))) for p in c.profiles))
-                 for c in mig]
-        return build_slices(base, cards, self.state.inventory, unhealthy_map(self.state.health_reasons),
-                            self.cfg.memory_unit_mib)
+        unhealthy = unhealthy_map(self.state.health_reasons)
+        taken = sorted((s.card, s.start, s.size) for s in self.state.ledger.slots.values() if s.origin != "claim")
+        key = (self.mig_cards, taken, sorted((i, r) for i, r in unhealthy.items() if any(c.index == i for c in mig)))
+        if self._mig is None or self._mig[0] != key:
+            self._mig = key, mig_part(self._free(mig, taken), self.state.inventory, unhealthy,
+                                      self.cfg.memory_unit_mib)
+        return assemble(base, self._mig[1])
+
+    @staticmethod
+    def _free(mig: list[MigCard], taken: list[tuple[int, int, int]]) -> list[MigCard]:
+        """The cards with the placements the static layout's instances overlap left out (not for claims)."""
+        return [replace(c, profiles=tuple(replace(p, starts=tuple(
+            st for st in p.starts if not any(card == c.index and st < start + size and start < st + p.memory_slices
+                                             for card, start, size in taken))) for p in c.profiles))
+                for c in mig]
 
     def slice_names(self, count: int) -> list[str]:
         return [self.slice_name] + [f"{self.slice_name[:240]}-{k}" for k in range(1, count)]

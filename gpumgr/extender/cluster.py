@@ -324,7 +324,13 @@ class ClusterView:
         if old is not None:
             used = self._mig_used.get(old[0], {})
             for r, n in old[1].items():
-                used[r] = used.get(r, 0) - n
+                left = used.get(r, 0) - n
+                if left > 0:
+                    used[r] = left
+                else:  # nothing held: no entry (a node and resource once used would otherwise stay for good)
+                    used.pop(r, None)
+            if not used:
+                self._mig_used.pop(old[0], None)
         if asks and isinstance(node, str) and node and not finished:
             self._mig_pods[uid] = (node, asks)
             used = self._mig_used.setdefault(node, {})

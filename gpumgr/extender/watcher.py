@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpumgr.extender.kubeaccess import ApiCallError, KubeAccess
+from gpumgr.kube import pace
 from gpumgr.kube.pace import MAX_EVENT_BYTES, QUICK_WATCH_S, Backoff, BookmarkPace, LineSplitter, page_count_cap
 from gpumgr.serving import jsonbound
 
@@ -263,7 +264,7 @@ def event_lines(resp: Any) -> Iterator[bytes]:
 
 def _event(line: bytes) -> dict[str, Any]:
     try:
-        event = jsonbound.loads(line, max_elements=MAX_EVENT_BYTES // 8, max_depth=jsonbound.API_OBJECT_DEPTH,
+        event = jsonbound.loads(line, max_elements=pace.MAX_EVENT_ELEMENTS, max_depth=jsonbound.API_OBJECT_DEPTH,
                                 what="a watch event")
     except ValueError as e:
         raise ApiCallError(0, str(e)) from None

@@ -24,6 +24,11 @@ MAX_PAGE_BYTES = 32 << 20  # one list page of 500 objects: ~10 MiB for pods heav
 MAX_PAGE_ELEMENTS = 1_000_000  # JSON keys/values per page (~100 MB decoded at most; 500 real pods are ~250,000)
 PAGE_DEADLINE_S = 120.0  # one list page, start to end (a 32 MiB page at a slow 1 MB/s takes ~35 s)
 MAX_EVENT_BYTES = 8 << 20  # one watch event: a pod is at most ~1.5 MiB in etcd
+# JSON keys, values, objects and arrays an answer may hold: one per ELEMENT_BYTES of its bytes. Real API objects
+# have about one per 40 bytes (500 pods of ~10 MiB are ~250,000), so 16 leaves them room to spare, while an answer
+# of bare `0,0,0,...` (one per 2 bytes) is refused before it is decoded into millions of Python objects.
+ELEMENT_BYTES = 16
+MAX_EVENT_ELEMENTS = MAX_EVENT_BYTES // ELEMENT_BYTES  # one watch event, for both watchers (agent and extender)
 BOOKMARK_BURST = 20
 BOOKMARKS_PER_S = 2.0
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.2, 10.0

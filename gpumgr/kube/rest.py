@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 
 from gpumgr.kube.kubeconfig import ClusterAccess
-from gpumgr.kube.pace import MAX_EVENT_BYTES, MAX_PAGE_ELEMENTS, LineSplitter
+from gpumgr.kube.pace import ELEMENT_BYTES, MAX_EVENT_BYTES, MAX_EVENT_ELEMENTS, MAX_PAGE_ELEMENTS, LineSplitter
 from gpumgr.serving import jsonbound
 
 log = logging.getLogger("gpumgr.kube")
@@ -33,7 +33,6 @@ READ_TIMEOUT_S = 30.0
 MAX_ANSWER_BYTES = 16 << 20  # one object (a pod, a node: at most ~1.5 MiB in etcd); list pages: max_bytes
 MAX_ERROR_BYTES = 64 << 10  # a Status object
 MAX_WATCH_LINE = MAX_EVENT_BYTES  # one watch event; a pod is at most ~1.5 MiB in etcd, so this is only a bound
-ELEMENT_BYTES = 16  # an answer may hold one JSON key or value per this many bytes (at most MAX_PAGE_ELEMENTS)
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -242,7 +241,7 @@ async def _read_capped(resp: aiohttp.ClientResponse, cap: int, method: str, path
 
 def _event(line: bytes) -> dict[str, Any]:
     try:
-        ev = jsonbound.loads(line, max_elements=MAX_WATCH_LINE // ELEMENT_BYTES, max_depth=jsonbound.API_OBJECT_DEPTH,
+        ev = jsonbound.loads(line, max_elements=MAX_EVENT_ELEMENTS, max_depth=jsonbound.API_OBJECT_DEPTH,
                              what="a watch event")
     except ValueError:
         raise ApiError(200, "BadResponse", f"a watch event is not JSON within bounds: {line[:80]!r}") from None

@@ -10,9 +10,11 @@ the graphics list) is counted once, with its largest memory and SM figures.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from gpumgr.allocator.ledger import Allocation, CardState
@@ -21,7 +23,7 @@ from gpumgr.devices.backend import Backend
 from gpumgr.devices.types import GPUStatus
 from gpumgr.metrics.shim_status import ShimStatusReader
 from gpumgr.node.cgroups import CgroupReader, qos_of
-from gpumgr.node.limits import container_limits
+from gpumgr.node.limits import LimitsMemo
 from gpumgr.node.state import NodeState
 from gpumgr.requests.choices import Cordon
 
@@ -29,6 +31,7 @@ log = logging.getLogger("gpumgr.metrics")
 
 MIB = 1 << 20
 PodLookup = Callable[[str], Mapping[str, Any] | None]
+NO_POD: Mapping[str, Any] = MappingProxyType({})  # one object, so the limits memo knows it again
 
 
 class UsageReader:
@@ -40,6 +43,10 @@ class UsageReader:
         self.cgroups = cgroups if cgroups is not None else CgroupReader()
         self.shim = shim if shim is not None else ShimStatusReader()
         self.cordon = cordon  # the node's per-card cordon (requests.choices.CordonWatch), when the agent follows it
+        # each share's limits, worked out again only when its allocation or its pod object changed (not at every
+        # scrape); scrapes may run at once (/metric, /usage), each on its own thread
+        self._limits = LimitsMemo(state.inventory, state.memory_unit_mib)
+        self._limits_lock = threading.Lock()
 
     def snapshot(self) -> NodeSnapshot:
         t0 = time.perf_counter()
@@ -54,6 +61,8 @@ class UsageReader:
             self._holder(a, ledger.cards, per_card_procs, pods)
             for a in sorted(ledger.allocations.values(), key=lambda a: a.key)
         ]
+        with self._limits_lock:
+            self._limits.keep_only(ledger.allocations)
         cordon = self.cordon() if self.cordon is not None else None
         cards = []
         for c in ledger.cards:
@@ -129,7 +138,8 @@ class UsageReader:
         if not 0 < a.cores < HUNDRED:
             return {}
         try:
-            limits = container_limits(self.state.inventory, self.state.memory_unit_mib, a, pod or {})
+            with self._limits_lock:
+                limits = self._limits.get(a, pod if pod is not None else NO_POD)
         except (IndexError, ValueError) as e:  # an allocation naming a card the inventory lacks: nothing to say
             log.debug("limits of %s: %s", a.key, e)
             return {}

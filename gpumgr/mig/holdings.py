@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from gpumgr.agent.gone import gone
+from gpumgr.agent.round_pods import RoundPods
 from gpumgr.allocator import Allocation, Ledger
 from gpumgr.deviceplugin.mig_shared import holder_of, is_share, start_share_server
-from gpumgr.kube.pod_cache import mirror_of
 from gpumgr.node import binding
 from gpumgr.node.claims import is_claim
 from gpumgr.node.kubelet_checkpoint import KubeletCheckpointError
@@ -56,8 +56,9 @@ def recorded_keys(entries: list[tuple[str, str, str, tuple[str, ...]]], resource
 
 
 async def reconcile_holdings(service: ServiceBase, resources: Mapping[str, str], grace_s: float, why: str,
-                             full: bool = True) -> Report:
-    """`resources`: the MIG resources the agent serves ({resource: profile})."""
+                             full: bool = True, round_pods: RoundPods | None = None) -> Report:
+    """`resources`: the MIG resources the agent serves ({resource: profile}); `round_pods`: the round's pods, as
+    the vcuda reconcile saw them (listed here when not given)."""
     state = service.state
     report = Report()
     mine = {k: a for k, a in state.ledger.allocations.items() if a.mig is not None and not is_claim(a)}
@@ -70,11 +71,8 @@ async def reconcile_holdings(service: ServiceBase, resources: Mapping[str, str],
         return report
     entries = [(e.pod_uid, e.container_name, e.resource_name, tuple(e.device_ids)) for e in ckpt.entries]
     recorded = recorded_keys(entries, resources)
-    pods = {str(p["metadata"]["uid"]): p for p in service.pods.pods() if (p.get("metadata") or {}).get("uid")}
-    for p in list(pods.values()):
-        alias = mirror_of(p)
-        if alias:
-            pods.setdefault(alias, p)
+    view = round_pods if round_pods is not None else RoundPods(service.pods)
+    pods = view.by_uid
     now = time.time()
     release: list[str] = []
     maybe_gone: list[tuple[str, str]] = []
@@ -98,7 +96,7 @@ async def reconcile_holdings(service: ServiceBase, resources: Mapping[str, str],
                 maybe_gone.append((key, a.pod_uid))
         elif full and now - (a.created or 0) > grace_s:
             release.append(key)  # never recorded by the kubelet: its admission failed or was never completed
-    release += await gone(service.pods, maybe_gone)
+    release += await gone(view, maybe_gone)
     if release:
         freed = await service.release(release, f"MIG holdings ({why}): no live pod holds it", expect=mine)
         report.released = len(freed)

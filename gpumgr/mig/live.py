@@ -2,7 +2,10 @@
 `--mig-layout`) with the node read it makes anyway (the cordon's, every 15 s) and applies a changed layout to the
 cards nothing holds, through the same crash-safe steps as at start (gpumgr/mig/apply.py). Cards something holds are
 refused with the reason (the log, and `nvidia.com/mig.config.state=failed`); a layout with refusals is tried again
-at every read, so a card is changed once its holders are gone (the state label then turns `success`). After a
+once the ledger changed (`NodeState.version`: a holder went, an instance was made or destroyed, a card's health),
+so a card is changed once its holders are gone (the state label then turns `success`), and every RETRY_READS-th
+read even when it did not (an Ampere card reset meanwhile shows in NVML, not in the ledger); the reads between cost
+no NVML call and no file read. After a
 change `on_change` runs: the daemon starts the device plugins of new profiles (those of profiles that are gone stay,
 listing no device, so the kubelet counts 0 of them) and publishes the labels; the inventory annotation follows the
 ledger's slots by itself."""
@@ -20,6 +23,7 @@ from gpumgr.mig.apply import apply_layout
 from gpumgr.node.state import NodeState
 
 log = logging.getLogger("gpumgr.mig")
+RETRY_READS = 20  # a refused layout, the ledger unchanged: tried again every 20th node read (5 min at 15 s)
 
 
 @dataclass
@@ -29,9 +33,13 @@ class LiveLayout:
     labels: Callable[[], Awaitable[Mapping[str, str] | None]]  # the Node's labels; None: could not be read
     on_change: Callable[[lay.Report], Awaitable[None]]
     last_refused: tuple[str, ...] = field(default=())
+    tried: tuple[str, int] | None = None  # (layout, ledger version) of the last try that was refused
+    skipped: int = 0  # reads since then that tried nothing
 
     def __post_init__(self) -> None:
         self.last_refused = tuple(self.runtime.report.refused)
+        if self.runtime.layout_refused and self.runtime.layout_name:
+            self.tried = (self.runtime.layout_name, self.state.version)
 
     async def check(self) -> bool:
         """Apply the layout the node asks for when it changed (or was refused before); True when anything the
@@ -46,13 +54,19 @@ class LiveLayout:
         retry = name == rt.layout_name
         if retry and not rt.layout_refused:
             return False
+        if retry and self.tried == (name, self.state.version) and self.skipped + 1 < RETRY_READS:
+            self.skipped += 1  # nothing a refusal depends on changed: trying again would refuse the same
+            return False
+        self.skipped = 0
         try:
             layout = lay.parse(name, await asyncio.to_thread(load_layouts, rt.settings.layouts_file))
         except (lay.LayoutError, ValueError) as e:
             if retry:
+                self.tried = (name, self.state.version)
                 return False
             log.error("MIG: node label %s asks layout %s: not applied: %s", lay.LABEL, name, e)
             rt.layout_name, rt.layout_refused, rt.report = name, True, lay.Report(refused=[str(e)])
+            self.tried = (name, self.state.version)
             await self.on_change(rt.report)
             return True
         if not retry:
@@ -69,6 +83,7 @@ class LiveLayout:
         changed = not retry or refused != self.last_refused or self._slots() != before
         rt.layout_name, rt.layout_refused, rt.report = name, bool(refused), report
         self.last_refused = refused
+        self.tried = (name, self.state.version) if refused else None  # the version after this try's own changes
         if changed:
             rt.cards = await asyncio.to_thread(rt.manager.cards)
             await self.on_change(report)

@@ -19,7 +19,7 @@ MAX_CONTAINERS = 1000
 
 def mig_asks(pod: Mapping[str, Any]) -> dict[str, int]:
     """{resource name: instances} the pod asks (empty for a pod that asks none). ValueError for a quantity that is
-    not a whole number."""
+    not a whole number, or more than MAX_CONTAINERS containers (or init containers)."""
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
         return {}
@@ -29,7 +29,9 @@ def mig_asks(pod: Mapping[str, Any]) -> dict[str, int]:
         containers = spec.get(field)
         if not isinstance(containers, list):
             continue
-        for c in containers[:MAX_CONTAINERS]:
+        if len(containers) > MAX_CONTAINERS:  # refused, not cut: the asks of the rest would go uncounted
+            raise ValueError(f"spec.{field} has {len(containers)} entries, more than {MAX_CONTAINERS}")
+        for c in containers:
             for name, n in _container(c).items():
                 into[name] = into.get(name, 0) + n if add else max(into.get(name, 0), n)
     for name, n in init.items():

@@ -5,10 +5,12 @@ instances of an H100 (GPM) and of an A100 (no GPM) next to a share of a whole ca
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,8 @@ from gpumgr.allocator.ledger import Ledger
 from gpumgr.allocator.mig_slots import MigSlot
 from gpumgr.devices.simulated import SimulatedBackend
 from gpumgr.devices.types import GPU, Inventory
+from gpumgr.metrics import usage
+from gpumgr.node import limits as node_limits
 from gpumgr.node.checkpoint import CheckpointStore
 from gpumgr.node.state import NodeState
 from tests.metrics.node import SimNode
@@ -108,3 +112,33 @@ async def test_gpumgr_status_names_the_shares_whose_compute_is_not_enforced(tmp_
     holders = {h["pod"]: h for h in json.loads(jout)["usage"]["holders"]}
     assert list(holders["hopper"]["compute_enforcement"].values()) == ["gpm"]
     assert list(holders["ampere"]["compute_enforcement"].values()) == ["none"]
+
+
+async def test_limits_are_worked_out_again_only_when_a_share_or_its_pod_changed(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch):
+    node = mig_node(tmp_path)
+    await add_instances(node)
+    hopper = await node.place("hopper", "main", (0,), cores=30, memory_mib=8192, pids=[101], mig="mig-0-0")
+    card = await node.place("card", "main", (2,), cores=30, memory_mib=8192, pids=[301])
+    worked: list[str] = []
+    real = node_limits.container_limits
+
+    def counted(inventory: Inventory, unit_mib: int, alloc: Any, pod: Any) -> Any:
+        worked.append(alloc.key)
+        return real(inventory, unit_mib, alloc, pod)
+
+    monkeypatch.setattr(node_limits, "container_limits", counted)
+    monkeypatch.setattr(usage, "container_limits", counted, raising=False)  # where the reader called it before
+    reader = node.reader()
+    for _ in range(5):  # five scrapes, nothing changed
+        snap = reader.snapshot()
+    assert sorted(worked) == sorted([hopper, card])  # before: five times each
+    assert {h.pod: h.compute_enforcement for h in snap.holders} == {
+        "hopper": {MIG_H: "gpm"}, "card": {node.inv.gpus[2].uuid: "process"}}
+
+    uid = node.uids["card"]
+    node.pods[uid] = copy.deepcopy(node.pods[uid])  # the pod cache replaces a pod whole when it changes
+    await node.state.commit(lambda led: led.release(hopper))
+    snap = reader.snapshot()
+    assert sorted(worked) == sorted([hopper, card, card])
+    assert {h.pod: h.compute_enforcement for h in snap.holders} == {"card": {node.inv.gpus[2].uuid: "process"}}

@@ -262,6 +262,21 @@ def test_results_with_bad_consumed_capacity_are_refused_with_the_claim_named():
             mig_results_of(claim(bad), "d.io", "node-1")
 
 
+def test_a_share_id_that_is_not_a_dns_label_is_refused_not_cut():
+    def claim(share: Any) -> dict[str, Any]:
+        return {"metadata": {"namespace": "ns", "name": "x", "uid": A}, "status": {"allocation": {"devices": {
+            "results": [{"driver": "d.io", "pool": "node-1", "device": THREE_G, "request": "gpu", "shareID": share,
+                         "consumedCapacity": {"cores": "40", "memory": "4Gi"}}]}}}}
+
+    longest = "a" * 63
+    assert [r.share_id for r in mig_results_of(claim(longest), "d.io", "node-1")] == [longest]
+    uid = "0b1c2d3e-0000-4000-8000-00000000000f"  # what kube-scheduler writes
+    assert [r.share_id for r in mig_results_of(claim(uid), "d.io", "node-1")] == [uid]
+    for bad in ("a" * 64, "a" * 63 + "b", "-x", "a b", 7):  # before: cut to 63 characters (two shares made one)
+        with pytest.raises(ClaimError, match=f"claim ns/x: device {THREE_G}: shareID .* is not a DNS label"):
+            mig_results_of(claim(bad), "d.io", "node-1")
+
+
 # -- kill -9 at every step ------------------------------------------------------------------------------------------
 async def life(claims: MigClaims) -> None:
     """Two shares of one instance: prepared (and prepared again, as the kubelet may), then unprepared one by one."""

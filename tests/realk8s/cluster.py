@@ -373,15 +373,42 @@ def _now() -> str:
 
 
 INSTALLATION_DOC = Path(__file__).resolve().parents[2] / "docs" / "installation.md"
+ADMISSION_HEADING = "### Requiring the API server's client certificate"
 
 
 def documented_admission_config() -> tuple[dict[str, Any], dict[str, Any]]:
     """The AdmissionConfiguration and the webhook kubeconfig of docs/installation.md ("Requiring the API server's
     client certificate"), as the two YAML blocks there, in order."""
-    section = INSTALLATION_DOC.read_text().split("### Requiring the API server's client certificate", 1)[1]
+    return parse_admission_doc(INSTALLATION_DOC.read_text(), str(INSTALLATION_DOC))
+
+
+def parse_admission_doc(text: str, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The first two YAML blocks after ADMISSION_HEADING in `text`: an AdmissionConfiguration with one plugin, and
+    a kubeconfig with one user. ValueError naming `where` and what is missing when the doc no longer shows them."""
+    _, found, section = text.partition(ADMISSION_HEADING)
+    if not found:
+        raise ValueError(f"{where}: no section {ADMISSION_HEADING!r}")
+    section = section.split("\n## ", 1)[0]  # up to the next chapter
     blocks = [part.split("```", 1)[0] for part in section.split("```yaml")[1:3]]
-    admission, kubeconfig = (yaml.safe_load(block) for block in blocks)
+    if len(blocks) < 2:
+        raise ValueError(f"{where}: section {ADMISSION_HEADING!r} shows {len(blocks)} YAML blocks; the "
+                         "AdmissionConfiguration and its webhook kubeconfig were expected")
+    docs = []
+    for n, block in enumerate(blocks, 1):
+        try:
+            doc = yaml.safe_load(block)
+        except yaml.YAMLError as e:
+            raise ValueError(f"{where}: YAML block {n} of {ADMISSION_HEADING!r} does not parse: {e}") from None
+        docs.append(doc if isinstance(doc, dict) else {})
+    admission, kubeconfig = docs
     if admission.get("kind") != "AdmissionConfiguration" or kubeconfig.get("kind") != "Config":
-        raise ValueError(f"{INSTALLATION_DOC}: the client-certificate section no longer shows the "
-                         "AdmissionConfiguration and its webhook kubeconfig as its first two YAML blocks")
+        raise ValueError(f"{where}: the client-certificate section no longer shows the AdmissionConfiguration and "
+                         "its webhook kubeconfig as its first two YAML blocks")
+    plugins, users = admission.get("plugins"), kubeconfig.get("users")
+    if not isinstance(plugins, list) or len(plugins) != 1 or not isinstance(plugins[0], dict) \
+            or not isinstance(plugins[0].get("configuration"), dict):
+        raise ValueError(f"{where}: the AdmissionConfiguration should configure exactly one plugin")
+    if not isinstance(users, list) or len(users) != 1 or not isinstance(users[0], dict) \
+            or not isinstance(users[0].get("user"), dict) or not isinstance(users[0].get("name"), str):
+        raise ValueError(f"{where}: the webhook kubeconfig should name exactly one user, with its files")
     return admission, kubeconfig

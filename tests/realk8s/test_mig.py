@@ -78,24 +78,31 @@ def mig_node(realk8s: Env) -> Iterator[Node]:
         yield node
 
 
-def test_pod_asking_a_mig_profile_runs_with_the_instances_devices(realk8s: Env, mig_node: Node) -> None:
-    core = realk8s.core()
-    proc = realk8s.gpumgr.agents[MIG_NODE]
-    wait_for("three 1g.10gb instances in the MIG node's capacity", lambda: (
-        core.read_node(MIG_NODE).status.capacity or {}).get(MIG_1G) == "3", 180, interval_s=0.5, procs=(proc,))
-    limits = {MIG_1G: "1"}
-    w.create(core, w.plain_pod("mig-1g", containers=[{"name": "main", "image": w.IMAGE,
-                                                      "resources": {"limits": limits}}]))
-    pod = w.wait_running(core, "mig-1g")
-    assert pod.spec.node_name == MIG_NODE
-    record = w.record_for(mig_node, pod, "main")
-    mig_uuid = record["envs"]["NVIDIA_VISIBLE_DEVICES"]
-    assert mig_uuid.startswith("MIG-"), record["envs"]
+def run_one_mig_pod(env: Env, node: Node, resource: str, capacity: int, pod_name: str) -> tuple[Any, dict[str, Any]]:
+    """Once the node's capacity shows `capacity` of `resource`, a pod asking one of them (container `main`):
+    it runs there, created with an instance of card 0 (its MIG UUID in NVIDIA_VISIBLE_DEVICES; the parent card,
+    the instance's GPU- and compute-instance capability nodes, and nvidiactl). The pod and its CreateContainer
+    record."""
+    core = env.core()
+    proc = env.gpumgr.agents[node.name]
+    wait_for(f"{capacity} {resource} in node {node.name}'s capacity", lambda: (
+        core.read_node(node.name).status.capacity or {}).get(resource) == str(capacity), 180, interval_s=0.5,
+        procs=(proc,))
+    w.create(core, w.plain_pod(pod_name, containers=[{"name": "main", "image": w.IMAGE,
+                                                      "resources": {"limits": {resource: "1"}}}]))
+    pod = w.wait_running(core, pod_name)
+    assert pod.spec.node_name == node.name
+    record = w.record_for(node, pod, "main")
+    assert record["envs"]["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-"), record["envs"]
     devices = [d["hostPath"] for d in record["devices"]]
-    # the parent card, the instance's GPU- and compute-instance capability nodes, and nvidiactl
     assert devices[0] == "/dev/nvidia0" and "/dev/nvidiactl" in devices, devices
-    caps = [d for d in devices if d.startswith("/dev/nvidia-caps/nvidia-cap")]
-    assert len(caps) == 2, devices
+    assert len([d for d in devices if d.startswith("/dev/nvidia-caps/nvidia-cap")]) == 2, devices
+    return pod, record
+
+
+def test_pod_asking_a_mig_profile_runs_with_the_instances_devices(realk8s: Env, mig_node: Node) -> None:
+    _, record = run_one_mig_pod(realk8s, mig_node, MIG_1G, 3, "mig-1g")
+    mig_uuid = record["envs"]["NVIDIA_VISIBLE_DEVICES"]
     slots = _slots(mig_node)
     held = [s for s in slots if s.uuid == mig_uuid]
     assert len(held) == 1 and held[0].card == 0 and held[0].origin == "layout", slots
@@ -249,26 +256,13 @@ def mig_shared_node(realk8s: Env) -> Iterator[Node]:
 def test_a_share_inside_a_mig_instance_gets_its_memory_limit(realk8s: Env, mig_shared_node: Node) -> None:
     core = realk8s.core()
     proc = realk8s.gpumgr.agents[MIG_SHARED_NODE]
-    wait_for("six 1g.10gb replicas in the node's capacity", lambda: (
-        core.read_node(MIG_SHARED_NODE).status.capacity or {}).get(MIG_1G_SHARED) == "6", 180, interval_s=0.5,
-        procs=(proc,))
+    pod, record = run_one_mig_pod(realk8s, mig_shared_node, MIG_1G_SHARED, 6, "mig-share")  # 3 instances x 2
     wait_for("GPU Feature Discovery's replicas label", lambda: (core.read_node(MIG_SHARED_NODE).metadata.labels or {})
              .get("nvidia.com/mig-1g.10gb.replicas") == "2", 60, procs=(proc,))
     labels = core.read_node(MIG_SHARED_NODE).metadata.labels or {}
-    limits = {MIG_1G_SHARED: "1"}
-    w.create(core, w.plain_pod("mig-share", containers=[{"name": "main", "image": w.IMAGE,
-                                                         "resources": {"limits": limits}}]))
-    pod = w.wait_running(core, "mig-share")
-    assert pod.spec.node_name == MIG_SHARED_NODE
-    record = w.record_for(mig_shared_node, pod, "main")
     envs = record["envs"]
     mig_uuid = envs["NVIDIA_VISIBLE_DEVICES"]
-    assert mig_uuid.startswith("MIG-"), envs
     assert envs["LD_PRELOAD"] == "/usr/local/gpumgr/lib64/libvcuda.so" and envs["VCUDA_LIMITS"] == "/etc/vcuda/limits"
-    devices = [d["hostPath"] for d in record["devices"]]
-    # the parent card, the instance's GI and CI capability nodes, nvidiactl
-    assert devices[0] == "/dev/nvidia0" and "/dev/nvidiactl" in devices, devices
-    assert len([d for d in devices if d.startswith("/dev/nvidia-caps/nvidia-cap")]) == 2, devices
     mounts = {m["containerPath"]: m for m in record["mounts"]}
     assert {"/usr/local/nvidia/lib64", "/etc/vcuda", "/usr/local/gpumgr"} <= set(mounts), mounts
     (slot,) = [s for s in _slots(mig_shared_node) if s.uuid == mig_uuid]
