@@ -42,6 +42,18 @@ def test_a_whole_claim_and_a_share_on_one_card_is_the_race() -> None:
     found = audit(NODES, [vcuda_pod("gpu-00001", "3", 10, 4)], [claim("gpu-00001", (3, None))])
     assert len(found.overcommitted) == 1 and "(claim+pod)" in found.overcommitted[0]
     assert found.mixed == 1
+    assert found.race_cards == {3: 1} and found.race_kinds == {"claim whole + pod share": 1}
+
+
+def test_the_race_is_counted_by_device_and_by_holders() -> None:
+    pods = [vcuda_pod("gpu-00001", "0", 100), vcuda_pod("gpu-00002", "0", 60, 4), vcuda_pod("gpu-00003", "5", 70, 4)]
+    claims = [claim("gpu-00001", (0, {"cores": "30", "memory": "4Gi"})),
+              claim("gpu-00002", (0, {"cores": "50", "memory": "4Gi"})),
+              claim("gpu-00003", (5, {"cores": "40", "memory": "4Gi"}))]
+    found = audit(NODES, pods, claims)
+    assert found.mixed == 3
+    assert found.race_cards == {0: 2, 5: 1}
+    assert found.race_kinds == {"claim share + pod share": 2, "claim share + pod whole": 1}
 
 
 def test_memory_over_the_card_counts_too() -> None:

@@ -35,9 +35,14 @@ __all__ = [
 
 
 def choose(topo: Topology, ledger: Ledger, req: Request, allowed: Collection[int] | None = None,
-           policy: Policy = DEFAULT_POLICY) -> Placement:
+           policy: Policy = DEFAULT_POLICY, high_first: bool = False) -> Placement:
     """Cards for `req` on this node, only among `allowed` (None: any card), ordered by `policy`.
-    Raises InvalidRequest (never satisfiable) or NoFit (not now, or not on the allowed cards)."""
+    Raises InvalidRequest (never satisfiable) or NoFit (not now, or not on the allowed cards).
+
+    `high_first`: among cards (or sets) equally good by every measure of the evaluators, the highest card numbers
+    instead of the lowest. The placement is as good either way (same fit, same links); the extender asks for it
+    when it counts DRA claims (`both` mode), because kube-scheduler's DRA allocator tries a node's devices in
+    slice order (`gpu-0` first) and takes the first that fits: the two then take cards from opposite ends."""
     if topo.n != len(ledger):
         raise ValueError(f"topology has {topo.n} cards, ledger {len(ledger)}")
     if policy not in POLICIES:
@@ -49,11 +54,11 @@ def choose(topo: Topology, ledger: Ledger, req: Request, allowed: Collection[int
             raise NoFit("no card of this node may be used (per-pod card choices or cordon)")
     kind = req.evaluator
     if kind == "link":
-        cards = choose_link(topo, ledger, req.cards_needed, allowed)
+        cards = choose_link(topo, ledger, req.cards_needed, allowed, high_first)
     elif kind == "fragment":
-        cards = choose_fragment(topo, ledger, allowed, policy)
+        cards = choose_fragment(topo, ledger, allowed, policy, high_first)
     else:
-        cards = choose_share(topo, ledger, req, allowed, policy)
+        cards = choose_share(topo, ledger, req, allowed, policy, high_first)
     return Placement(cards=cards, evaluator=kind)
 
 

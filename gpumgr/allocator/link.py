@@ -4,9 +4,10 @@ For each link level from best to worst, the free cards joined at that level or b
 level at which it has a clique of the asked size is the best achievable worst link (exact, as brute force would
 find). Among the sets at that level: lowest total pairwise cost, then the fewest NUMA nodes (an all-NVLink board
 still hangs its cards off two sockets), then the snuggest tree group and the fullest NUMA nodes (leaving larger
-well-connected groups intact), then the lowest card numbers. Small cliques are searched exhaustively, large ones
-greedily on cost (the worst link stays optimal either way). On a node with few cards, where every clique is
-searched exhaustively, the sets are enumerated directly instead (`_small`): the same sets, scored the same way.
+well-connected groups intact), then the lowest card numbers (`high_first`: the highest, see `choose`). Small
+cliques are searched exhaustively, large ones greedily on cost (the worst link stays optimal either way). On a node
+with few cards, where every clique is searched exhaustively, the sets are enumerated directly instead (`_small`):
+the same sets, scored the same way.
 
 `allowed` (per-pod card choices and the node's cordon, see gpumgr/requests/choices.py) narrows the cards the set may
 take; the free cards outside it still count when judging which groups a choice breaks. Every policy takes the same set
@@ -31,21 +32,22 @@ EXHAUSTIVE_LIMIT = 400  # subsets of one clique scored one by one; above this, g
 
 
 def choose_link(topo: Topology, ledger: Ledger, count: int,
-                allowed: Collection[int] | None = None) -> tuple[int, ...]:
+                allowed: Collection[int] | None = None, high_first: bool = False) -> tuple[int, ...]:
     free = free_cards(ledger)
     usable = free if allowed is None else [c for c in free if c in allowed]
     if len(usable) < count:
         of = "" if allowed is None else f" of the allowed cards ({len(free)} free on the node)"
         raise NoFit(f"needs {count} free whole cards, {len(usable)} free{of}")
-    return link_among(topo, usable, free, count)
+    return link_among(topo, usable, free, count, high_first)
 
 
-def link_among(topo: Topology, usable: list[int], free: list[int], count: int) -> tuple[int, ...]:
+def link_among(topo: Topology, usable: list[int], free: list[int], count: int,
+               high_first: bool = False) -> tuple[int, ...]:
     """The set `choose_link` takes from `usable` (at least `count` cards; `free`: all free cards of the node)."""
     if count == len(usable):
         return tuple(usable)
     if comb(topo.n, count) <= EXHAUSTIVE_LIMIT:
-        return _small(topo, usable, free, count)
+        return _small(topo, usable, free, count, high_first)
     import networkx as nx  # on demand: only nodes of many cards get here (and the node agent may never)
 
     for threshold in topo.distinct_keys():
@@ -56,17 +58,17 @@ def link_among(topo: Topology, usable: list[int], free: list[int], count: int) -
         )
         cliques = [sorted(c) for c in nx.find_cliques(g) if len(c) >= count]
         if cliques:
-            return _best_in(topo, cliques, count, free)
+            return _best_in(topo, cliques, count, free, high_first)
     raise NoFit(f"needs {count} free whole cards")  # unreachable: the complete graph is a clique
 
 
-def _small(topo: Topology, usable: list[int], free: list[int], count: int) -> tuple[int, ...]:
+def _small(topo: Topology, usable: list[int], free: list[int], count: int, high_first: bool) -> tuple[int, ...]:
     """Without a graph, when every clique is searched exhaustively anyway: the subsets scored there are exactly the
     subsets of `usable` whose worst link is the best achievable one (each lies in some maximal clique)."""
     mask = sum(1 << c for c in usable)
     free_bits = sum(1 << c for c in free)
     found = None
-    best: tuple[float, int, int, int, tuple[int, ...]] | None = None
+    best: tuple[float, int, int, int, tuple[int, ...], tuple[int, ...]] | None = None
     for s in _subsets(topo, count):
         if found is not None and s.worst != found:
             break
@@ -74,7 +76,7 @@ def _small(topo: Topology, usable: list[int], free: list[int], count: int) -> tu
             found = s.worst
             # `_best_in`'s score: snugness and NUMA room are the free cards in the set's group and NUMA nodes
             score = (s.cost, s.numa_span, (s.group & free_bits).bit_count(), (s.numa & free_bits).bit_count(),
-                     s.cards)
+                     s.descending if high_first else s.cards, s.cards)
             if best is None or score < best:
                 best = score
     assert best is not None
@@ -88,6 +90,7 @@ class Subset:
     worst: LevelKey
     bits: int
     cards: tuple[int, ...]
+    descending: tuple[int, ...]  # the cards negated: the lexicographically last set sorts first (`high_first`)
     cost: float  # total pairwise cost, rounded as `_best_in` rounds it
     numa_span: int
     group: int  # the cards of the smallest tree group holding the set, as bits
@@ -105,8 +108,9 @@ def _subsets(topo: Topology, count: int) -> list[Subset]:
         found = []
         for s in itertools.combinations(range(topo.n), count):
             nodes = {topo.numa[c] for c in s} - {None}
-            found.append(Subset(worst=topo.worst(s), bits=_bits(s), cards=s, cost=round(topo.total_cost(s), 6),
-                                numa_span=topo.numa_span(s), group=_bits(topo.group_of(s).gpus),
+            found.append(Subset(worst=topo.worst(s), bits=_bits(s), cards=s, descending=tuple(-c for c in s),
+                                cost=round(topo.total_cost(s), 6), numa_span=topo.numa_span(s),
+                                group=_bits(topo.group_of(s).gpus),
                                 numa=_bits(c for c in range(topo.n) if topo.numa[c] in nodes)))
         found.sort(key=lambda x: (x.worst, x.bits))
         per[count] = found
@@ -117,9 +121,10 @@ def _bits(cards: Iterable[int]) -> int:
     return sum(1 << c for c in cards)
 
 
-def _best_in(topo: Topology, cliques: list[list[int]], count: int, free: list[int]) -> tuple[int, ...]:
+def _best_in(topo: Topology, cliques: list[list[int]], count: int, free: list[int],
+             high_first: bool = False) -> tuple[int, ...]:
     seen: set[tuple[int, ...]] = set()
-    best: tuple[float, int, int, int, tuple[int, ...]] | None = None
+    best: tuple[float, int, int, int, tuple[int, ...], tuple[int, ...]] | None = None
     for clique in cliques:
         options: Iterable[tuple[int, ...]]
         if comb(len(clique), count) <= EXHAUSTIVE_LIMIT:
@@ -131,7 +136,7 @@ def _best_in(topo: Topology, cliques: list[list[int]], count: int, free: list[in
                 continue
             seen.add(subset)
             score = (round(topo.total_cost(subset), 6), topo.numa_span(subset), snugness(topo, list(subset), free),
-                     _numa_room(topo, subset, free), subset)
+                     _numa_room(topo, subset, free), tuple(-c for c in subset) if high_first else subset, subset)
             if best is None or score < best:
                 best = score
     assert best is not None

@@ -2,8 +2,8 @@
 
 Only healthy cards not held whole, with enough free cores and memory. Cards already shared come before free
 ones (whole cards stay available), then the tightest fit in cores, then in memory; among free cards, the most
-isolated first (as fragment would take them), then the lowest number. That is the `binpack` policy (and the
-default).
+isolated first (as fragment would take them), then the lowest number (`high_first`: the highest). That is the
+`binpack` policy (and the default).
 
 `topology`: shared cards first too, but a free card is broken in fragment's order (the most isolated first)
 before fit is looked at, so on a node of mixed cards a share never breaks a well-linked free group to fit
@@ -25,7 +25,7 @@ from gpumgr.topology.cost import Topology
 
 
 def choose_share(topo: Topology, ledger: Ledger, req: Request, allowed: Collection[int] | None = None,
-                 policy: Policy = DEFAULT_POLICY) -> tuple[int, ...]:
+                 policy: Policy = DEFAULT_POLICY, high_first: bool = False) -> tuple[int, ...]:
     fitting = [
         c for c in ledger.cards
         if c.healthy and c.mode != "exclusive"
@@ -39,16 +39,18 @@ def choose_share(topo: Topology, ledger: Ledger, req: Request, allowed: Collecti
         raise NoFit(_shortfall(ledger, req))
     # ranked among every free card that could take the share, allowed or not: the groups it breaks are the node's
     free = [c.index for c in fitting if c.mode == "free"]
-    ranked = rank_spread(topo, ledger, free) if policy == "spread" else rank_free(topo, free)
+    ranked = rank_spread(topo, ledger, free, high_first) if policy == "spread" else rank_free(topo, free, high_first)
     free_order = {c: r for r, c in enumerate(ranked)}
+    sign = -1 if high_first else 1
 
     def key(c: CardState) -> tuple[object, ...]:
         rank = free_order.get(c.index, 0)
+        last = sign * c.index
         if policy == "spread":
-            return (-c.free_cores, -c.free_memory_mib, rank, c.index)
+            return (-c.free_cores, -c.free_memory_mib, rank, last)
         if policy == "topology":
-            return (c.mode == "free", rank, c.free_cores - req.cores, c.free_memory_mib - req.memory_mib, c.index)
-        return (c.mode == "free", c.free_cores - req.cores, c.free_memory_mib - req.memory_mib, rank, c.index)
+            return (c.mode == "free", rank, c.free_cores - req.cores, c.free_memory_mib - req.memory_mib, last)
+        return (c.mode == "free", c.free_cores - req.cores, c.free_memory_mib - req.memory_mib, rank, last)
 
     return (min(fits, key=key).index,)
 

@@ -46,7 +46,11 @@ REUSE_FROM = 64  # uncached placements in a call from which `_reuse` looks at ev
 
 
 class ClusterView:
-    def __init__(self) -> None:
+    def __init__(self, high_first: bool = False) -> None:
+        # among equally good cards, the highest number first (`gpumgr.allocator.choose`): set where DRA claims are
+        # counted, so that the extender and kube-scheduler's DRA allocator (gpu-0 first) take a node's cards from
+        # opposite ends; every placement path of the view (plain, `fast_place`, `Plan`) breaks ties the same way
+        self.high_first = high_first
         self.nodes: dict[str, NodeState] = {}
         self.synced: set[str] = set()  # "nodes", "pods" once their first list is in
         self.needs = {"nodes", "pods"}  # the lists the view waits for before it is ready ("resourceclaims" too)
@@ -135,7 +139,7 @@ class ClusterView:
             if shape is None:
                 shape = build_shape(len(self._shapes), gpus)
                 self._shapes[key] = shape
-                rank_every_set(shape.topology)
+                rank_every_set(shape.topology, high_first=self.high_first)
         except (InventoryAnnotationError, ValueError) as e:
             log.warning("node %s: unusable %s annotation: %s", name, podspec.ANN_NODE_INVENTORY, e)
             return NodeState(name, None, problem=f"the node's {podspec.ANN_NODE_INVENTORY} annotation is "
@@ -441,7 +445,7 @@ class ClusterView:
         if whole:
             placed = self.classify(shape, ask, allowed, node)
         else:
-            placed = fast_place(shape.topology, node.rows, node.shared, allowed, shape.unit_mib, ask)
+            placed = fast_place(shape.topology, node.rows, node.shared, allowed, shape.unit_mib, ask, self.high_first)
         if placed is not None:
             return self.placed_fit(node, shape, ask, allowed, placed)
         if whole:
@@ -460,7 +464,7 @@ class ClusterView:
         key = (shape.ident, node.whole_key, ask.key, allowed)
         placed = self._classes.get(key, MISSING)
         if placed is MISSING:
-            placed = fast_place(shape.topology, node.rows, node.shared, allowed, shape.unit_mib, ask)
+            placed = fast_place(shape.topology, node.rows, node.shared, allowed, shape.unit_mib, ask, self.high_first)
             if len(self._classes) >= MAX_MEMO:
                 del self._classes[next(iter(self._classes))]
             self._classes[key] = placed
@@ -571,7 +575,7 @@ class ClusterView:
         allowed, never = self._static(shape, ask)
         if never is not None:
             return None
-        return Plan(shape, ask, allowed, self.classify, self._first)
+        return Plan(shape, ask, allowed, self.classify, self._first, self.high_first)
 
     def _node_changed(self, name: str) -> None:
         for table in (self._verdicts, self._placements):
@@ -621,7 +625,7 @@ class ClusterView:
         memo_key = (shape.ident, state, ask.key, allowed)
         fit = self._memo.get(memo_key)
         if fit is None:
-            fit = place(shape.topology, ledger, allowed, shape.unit_mib, ask)
+            fit = place(shape.topology, ledger, allowed, shape.unit_mib, ask, self.high_first)
             self._remember(memo_key, fit)
         return with_packing(fit, ledger, allowed, shape.unit_mib, ask)
 

@@ -7,8 +7,10 @@ Three steps, cheapest first:
                   enough free cores and memory; enough free whole cards), exactly when `choose` would succeed;
   `place`         `choose` for each container in spec order on a copy of the ledger, each seeing the cards the
                   earlier ones took; cards of a model the pod does not accept are marked unhealthy on that copy.
-`place` is a pure function of (topology, ledger state, ask): the cluster view memoises it. `with_packing` adds
-the packing measure that prioritize scores on.
+`place` is a pure function of (topology, ledger state, ask, tie order): the cluster view memoises it.
+`with_packing` adds the packing measure that prioritize scores on. `high_first` (every step the same): among cards
+equally good, the highest number rather than the lowest (`gpumgr.allocator.choose`), as the view does when it counts
+DRA claims.
 """
 
 from __future__ import annotations
@@ -71,9 +73,10 @@ def quick_check(cards: Sequence[CardLike], allowed: tuple[bool, ...], unit_mib: 
     return _not_now_or_never(reason, cards, allowed, unit_mib, ask)
 
 
-def place(topo: Topology, ledger: Ledger, allowed: tuple[bool, ...], unit_mib: int, ask: PodAsk) -> Fit:
+def place(topo: Topology, ledger: Ledger, allowed: tuple[bool, ...], unit_mib: int, ask: PodAsk,
+          high_first: bool = False) -> Fit:
     """Cards for every GPU container, or why not. Call after `static_check` passed. No packing yet."""
-    placed = _place(topo, ledger, allowed, unit_mib, ask)
+    placed = _place(topo, ledger, allowed, unit_mib, ask, high_first)
     if isinstance(placed, str):
         return _not_now_or_never(placed, ledger.cards, allowed, unit_mib, ask, topo)
     multi = [c for c in placed if len(c) > 1]
@@ -142,7 +145,7 @@ def node_packing(on_cards: float, total: int, cards_allowed: int) -> float:
 
 
 def fast_place(topo: Topology, cards: Sequence[CardRow], shared: Sequence[CardRow], allowed: tuple[bool, ...],
-               unit_mib: int, ask: PodAsk) -> tuple[tuple[int, ...], ...] | None:
+               unit_mib: int, ask: PodAsk, high_first: bool = False) -> tuple[tuple[int, ...], ...] | None:
     """The cards `place` chooses, read from card rows instead of a ledger, for the pods that are most of the
     work: every GPU container a share of one card, or one container of whole cards. None when it does not apply,
     or when a container does not fit (`place` then says why). Call after `static_check` passed.
@@ -158,22 +161,21 @@ def fast_place(topo: Topology, cards: Sequence[CardRow], shared: Sequence[CardRo
         if len(free) < count:
             return None
         if count > 1:
-            return (link_among(topo, free, free, count),)
+            return (link_among(topo, free, free, count, high_first),)
         if policy == "spread":
-            return ((rank_spread_among(topo, [r.index for r in cards if r.mode != "free"], free)[0],),)
-        return ((rank_free(topo, free)[0],),)
+            return ((rank_spread_among(topo, [r.index for r in cards if r.mode != "free"], free, high_first)[0],),)
+        return ((rank_free(topo, free, high_first)[0],),)
     if len(ask.containers) == 1 and policy != "spread":
-        mem = first.memory_units * unit_mib
-        for r in shared:
-            if r.free_cores >= first.cores and r.free_memory_mib >= mem and allowed[r.index]:
-                return ((r.index,),)
+        r = tightest_shared(shared, first.cores, first.memory_units * unit_mib, allowed, high_first)
+        if r is not None:
+            return ((r.index,),)
     work = list(cards)
     out = []
     for need in ask.containers:
         if need.cores >= HUNDRED:
             return None
         mem = need.memory_units * unit_mib
-        i = _share_pick(topo, work, allowed, need.cores, mem, policy)
+        i = _share_pick(topo, work, allowed, need.cores, mem, policy, high_first)
         if i is None:
             return None
         r = work[i]
@@ -184,47 +186,66 @@ def fast_place(topo: Topology, cards: Sequence[CardRow], shared: Sequence[CardRo
     return tuple(out)
 
 
+def tightest_shared(shared: Sequence[CardRow], cores: int, mem: int, allowed: tuple[bool, ...],
+                    high_first: bool = False) -> CardRow | None:
+    """The shared card `choose_share` takes for one share under `binpack` or `topology`, from `shared` (the healthy
+    shared cards by (free cores, free memory, index), `NodeState.shared`): the first that fits; of equally tight
+    ones, the lowest number, or the highest with `high_first`. None: no shared card fits."""
+    found = None
+    for r in shared:
+        if found is not None and (r.free_cores != found.free_cores or r.free_memory_mib != found.free_memory_mib):
+            break
+        if r.free_cores >= cores and r.free_memory_mib >= mem and allowed[r.index]:
+            if not high_first:
+                return r
+            found = r
+    return found
+
+
 def _share_pick(topo: Topology, cards: Sequence[CardRow], allowed: tuple[bool, ...], cores: int, mem: int,
-                policy: str) -> int | None:
+                policy: str, high_first: bool = False) -> int | None:
     """`choose_share` on card rows whose cards outside `allowed` count as unhealthy (as `place` marks them)."""
+    sign = -1 if high_first else 1
     if policy != "spread":  # a shared card that fits comes first, the one that fits tightest (see `fast_place`)
         best: tuple[int, int, int] | None = None
         for r in cards:
             if (r.mode == "shared" and r.healthy and allowed[r.index] and r.free_cores >= cores
                     and r.free_memory_mib >= mem):
-                k = (r.free_cores, r.free_memory_mib, r.index)
+                k = (r.free_cores, r.free_memory_mib, sign * r.index)
                 if best is None or k < best:
                     best = k
         if best is not None:
-            return best[2]
+            return sign * best[2]
     fitting = [r for r in cards if allowed[r.index] and r.healthy and r.mode != "exclusive"
                and r.free_cores >= cores and r.free_memory_mib >= mem]
     if not fitting:
         return None
     free = [r.index for r in fitting if r.mode == "free"]
     if policy == "spread":
-        ranked = rank_spread_among(topo, [r.index for r in cards if r.mode != "free"], free)
+        ranked = rank_spread_among(topo, [r.index for r in cards if r.mode != "free"], free, high_first)
     else:
-        ranked = rank_free(topo, free)
+        ranked = rank_free(topo, free, high_first)
     free_order = {c: k for k, c in enumerate(ranked)}
 
     def key(c: CardRow) -> tuple[object, ...]:
         rank = free_order.get(c.index, 0)
+        last = sign * c.index
         if policy == "spread":
-            return (-c.free_cores, -c.free_memory_mib, rank, c.index)
+            return (-c.free_cores, -c.free_memory_mib, rank, last)
         if policy == "topology":
-            return (c.mode == "free", rank, c.free_cores - cores, c.free_memory_mib - mem, c.index)
-        return (c.mode == "free", c.free_cores - cores, c.free_memory_mib - mem, rank, c.index)
+            return (c.mode == "free", rank, c.free_cores - cores, c.free_memory_mib - mem, last)
+        return (c.mode == "free", c.free_cores - cores, c.free_memory_mib - mem, rank, last)
 
     return min(fitting, key=key).index
 
 
-def fit_pod(topo: Topology, ledger: Ledger, models: Sequence[str], unit_mib: int, ask: PodAsk) -> Fit:
+def fit_pod(topo: Topology, ledger: Ledger, models: Sequence[str], unit_mib: int, ask: PodAsk,
+            high_first: bool = False) -> Fit:
     """All three steps, uncached: where the pod's GPU containers go on this node, or why they cannot."""
     allowed, never = static_check(models, [c.memory_mib for c in ledger.cards], unit_mib, ask)
     if never is not None:
         return never
-    return with_packing(place(topo, ledger, allowed, unit_mib, ask), ledger, allowed, unit_mib, ask)
+    return with_packing(place(topo, ledger, allowed, unit_mib, ask, high_first), ledger, allowed, unit_mib, ask)
 
 
 def request(need: ContainerNeed, unit_mib: int) -> Request:
@@ -232,7 +253,7 @@ def request(need: ContainerNeed, unit_mib: int) -> Request:
 
 
 def _place(topo: Topology, ledger: Ledger, allowed: tuple[bool, ...], unit_mib: int,
-           ask: PodAsk) -> tuple[tuple[int, ...], ...] | str:
+           ask: PodAsk, high_first: bool = False) -> tuple[tuple[int, ...], ...] | str:
     work = ledger.copy()
     for i, ok in enumerate(allowed):
         if not ok:
@@ -241,7 +262,7 @@ def _place(topo: Topology, ledger: Ledger, allowed: tuple[bool, ...], unit_mib: 
     for need in ask.containers:
         req = request(need, unit_mib)
         try:
-            placement = choose(topo, work, req, policy=ask.choices.policy)
+            placement = choose(topo, work, req, policy=ask.choices.policy, high_first=high_first)
         except (NoFit, InvalidRequest):
             return f"container {need.name}: {_shortfall(work.cards, ledger.cards, allowed, req)}"
         work.assign(Allocation(key=f"pending/{need.index}", cards=placement.cards, cores=req.cores,

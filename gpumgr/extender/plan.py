@@ -13,7 +13,7 @@ from typing import Any
 from gpumgr.allocator import HUNDRED
 from gpumgr.allocator.fragment import rank_free
 from gpumgr.extender.ask import PodAsk
-from gpumgr.extender.fit import CARDS_WEIGHT, Fit, cards_part, fast_place, packing
+from gpumgr.extender.fit import CARDS_WEIGHT, Fit, cards_part, fast_place, packing, tightest_shared
 from gpumgr.extender.nodestate import NodeState, Shape
 from gpumgr.topology.levels import LevelKey
 
@@ -40,8 +40,10 @@ class Plan:
     per state of the cards it takes, and the node's used cores), and nodes whose cards and packing come out
     equal share one Fit (`_quick`): most nodes differ in some count, few in the answer."""
 
-    def __init__(self, shape: Shape, ask: PodAsk, allowed: tuple[bool, ...], classify: Classify, first: First):
+    def __init__(self, shape: Shape, ask: PodAsk, allowed: tuple[bool, ...], classify: Classify, first: First,
+                 high_first: bool = False):
         self.shape, self.ask, self.allowed = shape, ask, allowed
+        self.high_first = high_first  # the view's tie order (`gpumgr.allocator.choose`)
         self.classify, self.first = classify, first  # the view's (its class answers are cached across plans)
         need = ask.containers[0]
         self.whole = need.cores >= HUNDRED
@@ -72,23 +74,23 @@ class Plan:
         if self.several:
             return self._shares(node)
         if self.share:
-            cores, mem, allowed = self.cores, self.mem, self.allowed
-            for r in node.shared:
-                if r.free_cores >= cores and r.free_memory_mib >= mem and allowed[r.index]:
-                    if self.all_allowed:
-                        return self._quick(node, ((r.index,),), (r.index, r.used_cores, r.free_memory_mib))
-                    key = (r.index, r.used_cores, r.free_memory_mib, self._used(node))
-                    fit = self.fits.get(key)
-                    if fit is None:
-                        fit = self.fits[key] = self._make(node, ((r.index,),))
-                    return fit
+            allowed = self.allowed
+            r = tightest_shared(node.shared, self.cores, self.mem, allowed, self.high_first)
+            if r is not None:
+                if self.all_allowed:
+                    return self._quick(node, ((r.index,),), (r.index, r.used_cores, r.free_memory_mib))
+                key = (r.index, r.used_cores, r.free_memory_mib, self._used(node))
+                fit = self.fits.get(key)
+                if fit is None:
+                    fit = self.fits[key] = self._make(node, ((r.index,),))
+                return fit
             # no shared card fits: the share goes on a free card, chosen by which cards are both healthy and free
             # (`_share_pick`: those with the memory, in their order); the bits of `whole_key` where both are set
             free = node.whole_key & (node.whole_key >> 1) & self.healthy_bits
             placed = self.on_free.get(free, MISSING)
             if placed is MISSING:
-                placed = self.on_free[free] = fast_place(
-                    self.shape.topology, node.rows, node.shared, allowed, self.shape.unit_mib, self.ask)
+                placed = self.on_free[free] = fast_place(self.shape.topology, node.rows, node.shared, allowed,
+                                                         self.shape.unit_mib, self.ask, self.high_first)
             if placed is None:
                 return None
             if self.all_allowed:
@@ -143,13 +145,15 @@ class Plan:
         left = {r.index: [r.free_cores, r.free_memory_mib, r.used_cores] for r in node.shared if allowed[r.index]}
         free = [r.index for r in rows if r.healthy and r.mode == "free" and allowed[r.index]]
         out = []
+        sign = -1 if self.high_first else 1
         for cores, mem in self.several:
             best: tuple[int, int, int] | None = None
             for i, (free_cores, free_mem, _used) in left.items():
-                if free_cores >= cores and free_mem >= mem and (best is None or (free_cores, free_mem, i) < best):
-                    best = (free_cores, free_mem, i)
+                if free_cores >= cores and free_mem >= mem and (best is None
+                                                                 or (free_cores, free_mem, sign * i) < best):
+                    best = (free_cores, free_mem, sign * i)
             if best is not None:
-                i = best[2]
+                i = sign * best[2]
                 card = left[i]
                 card[2] += cores
                 card[0] = max(0, HUNDRED - card[2])
@@ -158,7 +162,7 @@ class Plan:
                 fitting = [c for c in free if rows[c].memory_mib >= mem]
                 if not fitting:
                     return None
-                ranked = rank_free(self.shape.topology, fitting)
+                ranked = rank_free(self.shape.topology, fitting, self.high_first)
                 if self.ask.choices.policy == "topology":
                     i = ranked[0]
                 else:

@@ -79,7 +79,9 @@ class ExtenderServer:
         self.probe_port: int | None = None
         self.election = election
         self.elector: Elector | None = None
-        self.view = ClusterView()
+        # where DRA claims are counted, kube-scheduler's DRA allocator places on the same nodes: break ties between
+        # equally good cards towards the ones it takes last (docs/dra.md, "both" mode)
+        self.view = ClusterView(high_first=dra_claims != "off")
         self._api = api
         self._access: KubeAccess | None = None
         self._calls: PodCalls | None = None

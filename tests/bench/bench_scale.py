@@ -229,6 +229,10 @@ def run_path(cluster: Any, gm: Any, extender: Any, nodes: dict[str, fleet.FakeNo
     row.multi_card, row.multi_card_best = found.multi_card, found.multi_card_best
     for line in found.overcommitted[:5]:
         print(f"    OVER-COMMITTED ({path}): {line}")
+    if found.mixed:
+        print(f"    held by a pod and a claim at once, by card: "
+              f"{', '.join(f'gpu-{c} {k}' for c, k in sorted(found.race_cards.items()))}; by holders: "
+              f"{', '.join(f'{w} {k}' for w, k in found.race_kinds.most_common())}")
     if follower is not None:
         follower.stop(restore=True)
         print(f"    agent stand-in: {follower.updates} slice updates")

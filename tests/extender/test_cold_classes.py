@@ -4,7 +4,8 @@ answer depends on share one answer, and that answer must be each node's own.
 Nodes of one hardware with every mix of free, whole-held, shared and unhealthy cards: whole-card asks that do not
 fit (the same counts of free and healthy cards, in different places), shares that no shared card can take (they go
 on a free card, whatever the busy cards are), and shares and whole cards that fit; every verdict, placement and
-score must equal the plain computation (`test_fit_cache.plain`), packing to the last bit.
+score must equal the plain computation (`test_fit_cache.plain`), packing to the last bit, in both tie orders
+(`ClusterView(high_first=...)`).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ ASKS = [[(800, 0)], [(400, 0)], [(300, 0)], [(200, 0)], [(100, 0)], [(99, 60)], 
         [(5, 1)], [(40, 8), (40, 8)], [(70, 32), (20, 4)]]
 
 
-def cluster(seed: int, nodes: int) -> ClusterView:
+def cluster(seed: int, nodes: int, high_first: bool = False) -> ClusterView:
     """Nodes whose cards are each free, held whole, shared (a little or almost full) or unhealthy, at random."""
     rng = random.Random(seed)
-    view = ClusterView()
+    view = ClusterView(high_first=high_first)
     texts: dict[str, str] = {}
     pods: list[dict[str, Any]] = []
     for k in range(nodes):
@@ -50,9 +51,10 @@ def cluster(seed: int, nodes: int) -> ClusterView:
     return view
 
 
+@pytest.mark.parametrize("high_first", [False, True], ids=["low-first", "high-first"])
 @pytest.mark.parametrize("seed", range(3))
-def test_nodes_answered_by_class_get_their_own_answers(seed: int) -> None:
-    view = cluster(seed, 150)
+def test_nodes_answered_by_class_get_their_own_answers(seed: int, high_first: bool) -> None:
+    view = cluster(seed, 150, high_first)
     names = sorted(view.nodes)
     for k, containers in enumerate(ASKS):
         for policy in ("", "binpack", "topology", "spread"):

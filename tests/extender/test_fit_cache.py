@@ -4,7 +4,9 @@ chosen without a graph, free-card rankings remembered) give exactly the answers 
 Seeded random clusters of varied hardware (mixed models and memory, unhealthy cards, cordons) and holdings, and
 varied pods (shares, whole cards, several containers, model filters, policies, card choices): every verdict and
 placement of the view must equal the plain computation (`place` and `with_packing` on the node's ledger), packing
-included, to the last bit; and after pods come and go, the view must answer for the new state.
+included, to the last bit; and after pods come and go, the view must answer for the new state. Both tie orders
+(`ClusterView(high_first=...)`, the extender counting DRA claims): the plain computation breaks ties as the view
+does.
 """
 
 from __future__ import annotations
@@ -97,9 +99,10 @@ def an_ask(rng: random.Random, uuids: list[str]) -> dict[str, Any]:
     return pod(f"ask-{rng.randrange(10**9)}", containers, annotations=ann)
 
 
-def cluster(seed: int, nodes: int) -> tuple[ClusterView, random.Random, dict[str, Inventory], list[str]]:
+def cluster(seed: int, nodes: int,
+            high_first: bool = False) -> tuple[ClusterView, random.Random, dict[str, Inventory], list[str]]:
     rng = random.Random(seed)
-    view = ClusterView()
+    view = ClusterView(high_first=high_first)
     invs: dict[str, Inventory] = {}
     texts: dict[str, str] = {}
     cordons: dict[str, str | None] = {}
@@ -131,7 +134,7 @@ def plain(view: ClusterView, name: str, ask: PodAsk) -> Fit:
         if not any(allowed):
             return Fit.never(f"{mine.describe()}, and none of them is of an accepted model")
     ledger = node.ledger.copy()
-    return with_packing(place(shape.topology, ledger, allowed, shape.unit_mib, ask), ledger, allowed,
+    return with_packing(place(shape.topology, ledger, allowed, shape.unit_mib, ask, view.high_first), ledger, allowed,
                         shape.unit_mib, ask)
 
 
@@ -156,17 +159,19 @@ def check(view: ClusterView, ask: PodAsk, names: list[str], uid: str) -> list[Fi
     return placements
 
 
+@pytest.mark.parametrize("high_first", [False, True], ids=["low-first", "high-first"])
 @pytest.mark.parametrize("seed", range(4))
-def test_the_views_answers_are_those_of_placing_from_the_ledger(seed: int) -> None:
-    view, rng, _invs, uuids = cluster(seed, 90)
+def test_the_views_answers_are_those_of_placing_from_the_ledger(seed: int, high_first: bool) -> None:
+    view, rng, _invs, uuids = cluster(seed, 90, high_first)
     names = sorted(view.nodes)
     for k in range(40):
         check(view, pod_ask(an_ask(rng, uuids)), names, f"pod-{seed}-{k}")
 
 
+@pytest.mark.parametrize("high_first", [False, True], ids=["low-first", "high-first"])
 @pytest.mark.parametrize("seed", range(3))
-def test_pods_coming_and_going_are_reflected_in_the_next_answers(seed: int) -> None:
-    view, rng, invs, uuids = cluster(100 + seed, 60)
+def test_pods_coming_and_going_are_reflected_in_the_next_answers(seed: int, high_first: bool) -> None:
+    view, rng, invs, uuids = cluster(100 + seed, 60, high_first)
     names = sorted(view.nodes)
     asks = [pod_ask(an_ask(rng, uuids)) for _ in range(12)]
     placed: dict[str, list[dict[str, Any]]] = {}
@@ -214,7 +219,8 @@ def test_a_cordon_change_is_seen_by_the_next_answer() -> None:
     assert not cordoned.ok and cordoned.unresolvable == plain(view, name, ask).unresolvable
 
 
-def _nx_link(topo: Topology, usable: list[int], free: list[int], count: int) -> tuple[int, ...]:
+def _nx_link(topo: Topology, usable: list[int], free: list[int], count: int,
+             high_first: bool = False) -> tuple[int, ...]:
     """The clique search `choose_link` made before `link_among` learnt to enumerate small nodes' sets."""
     if count == len(usable):
         return tuple(usable)
@@ -224,17 +230,19 @@ def _nx_link(topo: Topology, usable: list[int], free: list[int], count: int) -> 
         g.add_edges_from((a, b) for a, b in itertools.combinations(usable, 2) if topo.keys[a][b] <= threshold)
         cliques = [sorted(c) for c in nx.find_cliques(g) if len(c) >= count]
         if cliques:
-            return link._best_in(topo, cliques, count, free)
+            return link._best_in(topo, cliques, count, free, high_first)
     raise AssertionError("unreachable")
 
 
+@pytest.mark.parametrize("high_first", [False, True], ids=["low-first", "high-first"])
 @pytest.mark.parametrize("fixture", FIXTURES)
-def test_whole_card_sets_are_those_of_the_clique_search(fixture: str) -> None:
+def test_whole_card_sets_are_those_of_the_clique_search(fixture: str, high_first: bool) -> None:
     topo = Topology.of(topo_inventory(fixture))
     for free_bits in range(1 << topo.n):
         free = [c for c in range(topo.n) if free_bits >> c & 1]
         for usable_bits in (free_bits, free_bits & 0b01101101):
             usable = [c for c in free if usable_bits >> c & 1]
             for count in range(2, len(usable) + 1):
-                assert link.link_among(topo, usable, free, count) == _nx_link(topo, usable, free, count)
-            assert rank_free(topo, usable) == _rank_free(topo, usable)
+                assert (link.link_among(topo, usable, free, count, high_first)
+                        == _nx_link(topo, usable, free, count, high_first))
+            assert rank_free(topo, usable, high_first) == _rank_free(topo, usable, high_first)

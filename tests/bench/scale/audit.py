@@ -6,7 +6,7 @@ its worst link is the best the node's usable cards allow (what `gpumgr place` pi
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ def audit(nodes: dict[str, FakeNode], pods: list[dict[str, Any]], claims: list[d
     memory: dict[tuple[str, int], int] = defaultdict(int)
     whole: dict[str, int] = defaultdict(int)
     kinds: dict[tuple[str, int], set[str]] = defaultdict(set)
+    shares: dict[tuple[str, int], set[str]] = defaultdict(set)  # "pod share", "claim whole", ... on each card
     placements: list[tuple[str, list[int]]] = []
     for pod in pods:
         node_name = pod["spec"].get("nodeName")
@@ -44,6 +45,7 @@ def audit(nodes: dict[str, FakeNode], pods: list[dict[str, Any]], claims: list[d
             cards = [g.index for m in minors for g in n.inventory.gpus if g.minor == m]
             for card in cards:
                 kinds[(node_name, card)].add("pod")
+                shares[(node_name, card)].add("pod share" if core < 100 else "pod whole")
                 mem = n.inventory.gpus[card].memory_mib
                 if core < 100:
                     cores[(node_name, card)] += core
@@ -66,6 +68,7 @@ def audit(nodes: dict[str, FakeNode], pods: list[dict[str, Any]], claims: list[d
             cores[(n.name, card)] += parse_int(consumed["cores"]) if "cores" in consumed else 100
             memory[(n.name, card)] += -(-parse_int(consumed["memory"]) // MIB) if "memory" in consumed else mem
             kinds[(n.name, card)].add("claim")
+            shares[(n.name, card)].add("claim share" if "cores" in consumed else "claim whole")
             cards.append(card)
         if len(cards) > 1:
             placements.append((results[0]["pool"], cards))
@@ -75,7 +78,10 @@ def audit(nodes: dict[str, FakeNode], pods: list[dict[str, Any]], claims: list[d
             held_by = "+".join(sorted(kinds[(node_name, card)]))
             out.overcommitted.append(f"{node_name}/gpu-{card}: {used} cores, {memory[(node_name, card)]} MiB "
                                      f"({held_by})")
-            out.mixed += held_by == "claim+pod"
+            if held_by == "claim+pod":
+                out.mixed += 1
+                out.race_cards[card] += 1
+                out.race_kinds[" + ".join(sorted(shares[(node_name, card)]))] += 1
     for node_name, count in whole.items():
         if count > len(nodes[node_name].usable):
             out.overcommitted.append(f"{node_name}: {count} {BASELINE_RESOURCE} of {len(nodes[node_name].usable)}")
@@ -96,3 +102,5 @@ class Audit:
     multi_card: int = 0
     multi_card_best: int = 0
     mixed: int = 0  # over-committed cards held by pods and claims at once: the two schedulers' race (docs/dra.md)
+    race_cards: Counter[int] = field(default_factory=Counter)  # those cards by device index (gpu-0 ...)
+    race_kinds: Counter[str] = field(default_factory=Counter)  # ... and by what held them ("claim share + pod whole")
