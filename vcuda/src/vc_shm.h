@@ -65,8 +65,9 @@ struct vc_throttle {
     _Atomic uint64_t probe_next_ns;       /* no new probe before this */
     _Atomic uint64_t probe_first;         /* the running probe's first figure, x1000 */
     _Atomic uint64_t probe_pre;           /* the instance's figure at the step that started it, x1000 */
-    _Atomic uint64_t probe_pre_rate;      /* what the container spent then, cost units per second; 0: its
-                                             rate was moving, nothing to learn from */
+    _Atomic uint64_t probe_pre_rate;      /* what the container spent then, cost units per second */
+    _Atomic uint32_t probe_pre_settled;   /* its rate had settled then (a share may be learnt from it) */
+    _Atomic uint64_t guess_x1e12;         /* the share per cost unit the last probe suggests (not settled), x1e12 */
     _Atomic uint32_t settled;             /* controller steps in a row that moved the rate by under 12 % */
     _Atomic uint32_t probe_fails;         /* probes in a row that taught nothing (their retry backs off) */
 };

@@ -37,8 +37,8 @@ _Atomic uint64_t vc_cost_avg;
 #define GPM_OLD_NS 2000000000ull        /* a previous GPM sample older than 2 s is a baseline only */
 #define PROBE_DRAIN_NS 20000000ull      /* probe: launches held this long before the baseline sample */
 #define PROBE_MAX_NS 1000000000ull      /* probe: given up after 1 s (the container launches again) */
-#define PROBE_RETRY_NS 300000000ull     /* a probe that taught nothing: again in 0.3-0.9 s, the delay doubling */
-#define PROBE_RETRY_STEPS 3             /* ... for each one in a row that taught nothing, up to 2.4-7.2 s */
+#define PROBE_RETRY_NS 300000000ull     /* a probe that taught nothing: again in 0.3-1.5 s, the delay doubling */
+#define PROBE_RETRY_STEPS 2             /* ... for each one in a row that taught nothing, up to 1.2-6 s */
 #define PROBE_RELEARN_NS 1000000000ull  /* the others' use known, the container's share not: again in 1-2 s */
 #define OTHERS_KEEP_NS 5000000000ull    /* the others' figure stands for their use this long (share unknown) */
 #define PROBE_ABANDON_NS 2000000000ull  /* a probe still holding launches after 2 s is ended by whoever waits */
@@ -113,6 +113,7 @@ static void cold_reset(struct vc_throttle *t)
     atomic_store(&t->probe_first, 0);
     atomic_store(&t->probe_fails, 0);
     atomic_store(&t->settled, 0);
+    atomic_store(&t->guess_x1e12, 0);
 }
 
 static struct vc_throttle *attach(int slot, struct vc_shm *shm)
@@ -598,6 +599,13 @@ static int gpm_shared(int s, struct vc_throttle *t, uint64_t now, uint64_t card,
         probe_start(t, now, card, spent_rate);
         if (at && now - at < OTHERS_KEEP_NS) {
             *own = card > idle ? card - idle : 0;
+            /* Never less than the last probe's guess of its share per unit
+             * times what it spends: a neighbour's pause (the instance's figure
+             * drops) must not make it climb, or that neighbour's probe finds
+             * it moving, and a neighbour that yields must not let it run away. */
+            double guess = (double)atomic_load(&t->guess_x1e12) / 1e12 * spent_rate * 1000.0;
+            if (guess > (double)*own)
+                *own = guess < (double)card ? (uint64_t)guess : card;
             *other = card - *own;
             return 0;
         }
@@ -676,8 +684,8 @@ static void probe_start(struct vc_throttle *t, uint64_t now, uint64_t card, doub
         return;
     atomic_store(&t->probe_pre, card);
     /* Learnt from only if the rate was settled: a moving one runs ahead of GPM's figure, which lags it. */
-    int settled = atomic_load(&t->settled) >= SETTLED_STEPS;
-    atomic_store(&t->probe_pre_rate, settled && spent_rate > 0 && spent_rate < 1e18 ? (uint64_t)spent_rate : 0);
+    atomic_store(&t->probe_pre_settled, atomic_load(&t->settled) >= SETTLED_STEPS);
+    atomic_store(&t->probe_pre_rate, spent_rate > 0 && spent_rate < 1e18 ? (uint64_t)spent_rate : 0);
     atomic_store(&t->probe_ns, now);
     uint32_t none = 0;
     if (atomic_compare_exchange_strong(&t->probe, &none, 1)) {
@@ -694,18 +702,27 @@ static void probe_start(struct vc_throttle *t, uint64_t now, uint64_t card, doub
  * Learnt only from a rest well above the figures' noise (a few points) and
  * at least half the container's share (a rate still climbing runs ahead of
  * GPM's figure; a share learnt from 3 % of the instance once held a 30 %
- * container at 9 %). Taken 10 % high, up at once, down slowly: a share
+ * container at 9 %). fig is the later of the pause's two figures. Taken 10 % high, up at once, down slowly: a share
  * learnt too large holds the container a little below its limit, one learnt
  * too small would let it above. */
 static void probe_learn(struct vc_throttle *t, uint64_t fig)
 {
     uint64_t pre = atomic_load(&t->probe_pre), rate = atomic_load(&t->probe_pre_rate);
+    /* A neighbour that climbs on the pause has climbed by its first figure
+     * too: what it used before the pause is taken back along that trend. */
+    uint64_t first = atomic_load(&t->probe_first);
+    fig = fig > first ? (2 * first > fig ? 2 * first - fig : 0) : fig;
     uint64_t least = (uint64_t)cfg.target_x1000 / 2 > LEARN_MIN ? (uint64_t)cfg.target_x1000 / 2 : LEARN_MIN;
     uint64_t mine = pre > fig ? pre - fig : 0;
-    if (rate == 0 || mine < least || mine > 950)
+    if (rate == 0 || mine < LEARN_MIN || mine > 950) {
+        atomic_store(&t->guess_x1e12, 0);
+        return;
+    }
+    double k = (double)mine / 1000.0 / (double)rate * PROBE_BIAS;
+    atomic_store(&t->guess_x1e12, (uint64_t)(k * 1e12)); /* a floor for the estimate meanwhile, see gpm_shared() */
+    if (!atomic_load(&t->probe_pre_settled) || mine < least)
         return;
     double unit = (double)atomic_load(&t->unit_x1e12) / 1e12;
-    double k = (double)mine / 1000.0 / (double)rate * PROBE_BIAS;
     unit = unit <= 0 || k > unit ? k : unit * 0.9 + k * 0.1;
     atomic_store(&t->unit_x1e12, (uint64_t)(unit * 1e12));
     VC_DEBUG("a probe found %.1f%% of the MIG instance the container's own at %" PRIu64 " units/s", mine / 10.0,
@@ -713,9 +730,10 @@ static void probe_learn(struct vc_throttle *t, uint64_t fig)
 }
 
 /* End a probe found in `phase`, unless another process ended it first. fig:
- * the others' steady figure, or UINT64_MAX when the probe taught nothing;
- * then the next one waits 0.3-0.9 s, twice that after two such probes in a
- * row, and so on up to 2.4-7.2 s (a neighbour probing at the same moment, or
+ * the second of the others' two steady figures (the smaller of the two is
+ * kept as theirs), or UINT64_MAX when the probe taught nothing;
+ * then the next one waits 0.3-1.5 s, twice that after two such probes in a
+ * row, and so on up to 1.2-6 s (a neighbour probing at the same moment, or
  * one whose use moves, is not met again at once; a container whose probes
  * keep failing pauses less and less often). A figure keeps the
  * previous one's place; a failure leaves it (it ages out, OTHERS_KEEP_NS).
@@ -727,7 +745,8 @@ static void probe_end(struct vc_throttle *t, uint64_t now, uint32_t phase, uint6
     uint64_t next;
     if (fig != UINT64_MAX) {
         probe_learn(t, fig);
-        atomic_store(&t->others_idle, fig);
+        uint64_t first = atomic_load(&t->probe_first);
+        atomic_store(&t->others_idle, first < fig ? first : fig); /* the smaller: the safe side */
         atomic_store(&t->others_idle_ns, now);
         atomic_store(&t->probe_fails, 0);
         next = now + jitter(PROBE_RELEARN_NS, PROBE_RELEARN_NS); /* only if the share is still unknown then */
@@ -736,7 +755,7 @@ static void probe_end(struct vc_throttle *t, uint64_t now, uint32_t phase, uint6
         if (n < PROBE_RETRY_STEPS)
             atomic_store(&t->probe_fails, n + 1);
         uint64_t base = PROBE_RETRY_NS << (n < PROBE_RETRY_STEPS ? n : PROBE_RETRY_STEPS);
-        next = now + jitter(base, base * 2);
+        next = now + jitter(base, base * 4);
     }
     atomic_store(&t->probe_next_ns, next);
     atomic_store(&t->tokens, 0);
@@ -819,7 +838,7 @@ static int probe_step(int s, struct vc_throttle *t, uint64_t now)
     int steady = diff <= 50 && fig >= IDLE_MAX && first <= rest_of_instance() && fig <= rest_of_instance();
     VC_DEBUG("slot %d: the others use %.1f%% then %.1f%% of the MIG instance%s", s, first / 10.0, fig / 10.0,
              steady ? "" : " (not steady: again later)");
-    probe_end(t, now, phase, steady ? (first < fig ? first : fig) : UINT64_MAX); /* the smaller: safe side */
+    probe_end(t, now, phase, steady ? fig : UINT64_MAX);
     return 1;
 }
 
