@@ -15,7 +15,7 @@
 #include "vc_common.h"
 
 #define VC_SHM_MAGIC 0x44554356u /* "VCUD" */
-#define VC_SHM_VERSION 4u
+#define VC_SHM_VERSION 5u
 #define VC_MAX_SLOTS 256
 
 struct vc_slot {
@@ -59,10 +59,17 @@ struct vc_throttle {
      * use there, measured while the container's launches are held (a probe). */
     _Atomic uint32_t probe;               /* 0 none, 1 launches held (draining), 2 baseline taken, 3 one figure */
     _Atomic uint64_t probe_ns;            /* when the probe began */
-    _Atomic uint64_t others_idle;         /* the instance's figure while the container launched nothing, x1000;
-                                             UINT64_MAX: the probe failed */
-    _Atomic uint64_t others_idle_ns;      /* when measured (or failed), 0 = never */
+    _Atomic uint64_t others_idle;         /* the others' use, x1000: the instance's figure while the container
+                                             launched nothing, from the last probe that found it steady */
+    _Atomic uint64_t others_idle_ns;      /* when that probe ended, 0 = no such probe (yet) */
     _Atomic uint64_t probe_next_ns;       /* no new probe before this */
+    _Atomic uint64_t probe_first;         /* the running probe's first figure, x1000 */
+    _Atomic uint64_t probe_pre;           /* the instance's figure at the step that started it, x1000 */
+    _Atomic uint64_t probe_pre_rate;      /* what the container spent then, cost units per second */
+    _Atomic uint32_t probe_pre_settled;   /* its rate had settled then (a share may be learnt from it) */
+    _Atomic uint64_t guess_x1e12;         /* the share per cost unit the last probe suggests (not settled), x1e12 */
+    _Atomic uint32_t settled;             /* controller steps in a row that moved the rate by under 12 % */
+    _Atomic uint32_t probe_fails;         /* probes in a row that taught nothing (their retry backs off) */
 };
 
 struct vc_shm {

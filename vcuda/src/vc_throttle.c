@@ -2,6 +2,7 @@
 #include "vc_throttle.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -36,11 +37,19 @@ _Atomic uint64_t vc_cost_avg;
 #define GPM_OLD_NS 2000000000ull        /* a previous GPM sample older than 2 s is a baseline only */
 #define PROBE_DRAIN_NS 20000000ull      /* probe: launches held this long before the baseline sample */
 #define PROBE_MAX_NS 1000000000ull      /* probe: given up after 1 s (the container launches again) */
-#define PROBE_FRESH_NS 5000000000ull    /* what the others use is re-measured after 4-6 s while held back */
-#define PROBE_RETRY_NS 300000000ull     /* a probe that saw the others idle (maybe probing too): again in 0.3-1.5 s */
-#define PROBE_LEARN_NS 400000000ull     /* the others' figure stands for theirs this long after the probe */
+#define PROBE_RETRY_NS 300000000ull     /* a probe that taught nothing: again in 0.3-1.5 s, the delay doubling */
+#define PROBE_RETRY_STEPS 2             /* ... for each one in a row that taught nothing, up to 1.2-6 s */
+#define PROBE_RELEARN_NS 1000000000ull  /* the others' use known, the container's share not: again in 1-2 s */
+#define OTHERS_KEEP_NS 5000000000ull    /* the others' figure stands for their use this long (share unknown) */
+#define PROBE_ABANDON_NS 2000000000ull  /* a probe still holding launches after 2 s is ended by whoever waits */
+#define DAMP_MIN 0.81                   /* GPM, share not learnt: step factor bounds (before the square root) */
+#define DAMP_MAX 1.21
+#define SETTLED_STEPS 2                 /* a probe learns from a rate that moved under 12 % in its last 2 steps */
+#define IDLE_MAX 50                     /* per mille: others below this in a probe may be probing too */
+#define LEARN_MIN 50                    /* per mille: the least rest of the figure a share is learnt from */
 #define PROBE_BIAS 1.1                  /* a share learned by a probe is taken this much larger */
 #define PROBE_HOLD (INT64_MIN / 4)      /* tokens while a probe holds the container's launches */
+#define PROBE_ENDING 4u                 /* probe phase while its end is being written */
 
 static struct {
     int target_x1000; /* the share */
@@ -101,6 +110,10 @@ static void cold_reset(struct vc_throttle *t)
     atomic_store(&t->probe, 0);
     atomic_store(&t->others_idle_ns, 0);
     atomic_store(&t->probe_next_ns, 0);
+    atomic_store(&t->probe_first, 0);
+    atomic_store(&t->probe_fails, 0);
+    atomic_store(&t->settled, 0);
+    atomic_store(&t->guess_x1e12, 0);
 }
 
 static struct vc_throttle *attach(int slot, struct vc_shm *shm)
@@ -176,8 +189,8 @@ static void set_mode(int s, struct vc_throttle *t, unsigned from, unsigned to, c
 {
     if (!atomic_compare_exchange_strong(&t->mode, &from, to))
         return;
-    if (to == VC_MEASURE_PROCESS)
-        cold_reset(t); /* from not enforced: start afresh from the next launch */
+    if (to == VC_MEASURE_PROCESS || (to == VC_MEASURE_GPM && from == VC_MEASURE_NONE))
+        cold_reset(t); /* from not enforced: start afresh from the next launch (not from its free-run tokens) */
     if (to == VC_MEASURE_NONE)
         atomic_store(&t->tokens, INT64_MAX / 2); /* release every waiting launch */
     vc_status_write(cfg.shm ? cfg.shm : vc.shm);
@@ -265,6 +278,8 @@ static void refill(struct vc_throttle *t, uint64_t now)
     }
 }
 
+static void probe_abandon(struct vc_throttle *t, uint64_t now);
+
 void vc_throttle_wait(struct vc_throttle *t, uint64_t cost)
 {
     atomic_fetch_add(&t->tokens, (int64_t)cost); /* undo the hot path's take */
@@ -286,7 +301,9 @@ void vc_throttle_wait(struct vc_throttle *t, uint64_t cost)
         }
         struct timespec ts = {0, 500000};
         nanosleep(&ts, NULL);
-        refill(t, now_ns()); /* do not depend on the watcher being alive */
+        uint64_t now = now_ns();
+        probe_abandon(t, now); /* nor on the process that holds the launches for a probe */
+        refill(t, now);        /* do not depend on the watcher being alive */
         atomic_store_explicit(&t->throttled, 1, memory_order_relaxed);
     }
 }
@@ -549,16 +566,65 @@ static int gpm_util(int s, uint64_t now, uint64_t *inst)
     return 0;
 }
 
+static void probe_start(struct vc_throttle *t, uint64_t now, uint64_t card, double spent_rate);
+
+/* What the container's share leaves of the instance, x1000: the most the
+ * others can use beside it while it uses its share. */
+static uint64_t rest_of_instance(void)
+{
+    return cfg.target_x1000 < 1000 ? 1000 - (uint64_t)cfg.target_x1000 : 0;
+}
+
+/* GPM mode with processes of other containers in the instance. With a learnt
+ * share (what one cost unit per second takes of the instance, learnt alone or
+ * by a probe, see probe_end()), the container's own use is its launch
+ * accounting times that share. Without one, a probe is due, and the others'
+ * use measured by the last probe that found it steady (and within the rest
+ * of the instance: the others' limits leave this container its own) is taken
+ * from the instance's figure; the rest is the container's. So it is held at
+ * its share next to steady neighbours and climbs back from nothing, instead
+ * of counting their use as its own (which starved a 30 % container next to a
+ * 50 % one). That figure stands for OTHERS_KEEP_NS, renewed by a probe every
+ * 1-2 s until the share is learnt. Only with no figure at all (no probe has
+ * found one yet) does the whole figure count as its own: never more than its
+ * share, possibly much less, until a probe succeeds. */
+static int gpm_shared(int s, struct vc_throttle *t, uint64_t now, uint64_t card, double spent_rate, uint64_t *own,
+                      uint64_t *other)
+{
+    double unit = (double)atomic_load(&t->unit_x1e12) / 1e12;
+    uint64_t idle = atomic_load(&t->others_idle), at = atomic_load(&t->others_idle_ns);
+    if (at && gpm[s].window_ns < at)
+        return 1; /* the figure's window reaches back into the probe (the container's pause): no step */
+    if (unit <= 0) {
+        probe_start(t, now, card, spent_rate);
+        if (at && now - at < OTHERS_KEEP_NS) {
+            *own = card > idle ? card - idle : 0;
+            /* Never less than the last probe's guess of its share per unit
+             * times what it spends: a neighbour's pause (the instance's figure
+             * drops) must not make it climb, or that neighbour's probe finds
+             * it moving, and a neighbour that yields must not let it run away. */
+            double guess = (double)atomic_load(&t->guess_x1e12) / 1e12 * spent_rate * 1000.0;
+            if (guess > (double)*own)
+                *own = guess < (double)card ? (uint64_t)guess : card;
+            *other = card - *own;
+            return 0;
+        }
+    }
+    double est = unit > 0 && spent_rate > 0 ? unit * spent_rate * 1000.0 : (double)card;
+    *own = est < (double)card ? (uint64_t)est : card;
+    *other = card - *own;
+    return 0;
+}
+
 /* Device and GPM modes: the card's (device mode) or the MIG instance's (GPM
  * mode) utilisation stands for the container's own when no other process
  * runs there; while that holds, the limiter also learns what share of the
  * card or instance one cost unit per second takes (its own launch
- * accounting), and uses it to estimate its own share once others arrive
- * (several containers sharing one MIG instance, each with a fraction of it;
- * there a container that never ran alone learns it by a probe, see
- * probe_step()). Without that estimate it takes the whole utilisation as its
- * own: never more than its share. Returns 0 with values, 1 if there is nothing new, -1 on a
- * transient error, -2 if unsupported. */
+ * accounting), and uses it to estimate its own share once others arrive. In a
+ * MIG instance shared with other containers, see gpm_shared(). Without that
+ * estimate (device mode) it takes the whole utilisation as its own: never
+ * more than its share. Returns 0 with values, 1 if there is nothing new, -1
+ * on a transient error, -2 if unsupported. */
 static int sample_device(int s, struct vc_throttle *t, uint64_t now, double spent_rate, uint64_t *own,
                          uint64_t *other)
 {
@@ -578,38 +644,8 @@ static int sample_device(int s, struct vc_throttle *t, uint64_t now, double spen
         }
         return 0;
     }
-    if (atomic_load(&t->mode) == VC_MEASURE_GPM) {
-        /* What the others used while this container's launches were held (a
-         * probe, see probe_step()) is theirs; for a while after it, the rest
-         * of the instance's figure is the container's own, and teaches it its
-         * share. A figure whose window reaches back into the probe is not used. */
-        uint64_t idle = atomic_load(&t->others_idle), at = atomic_load(&t->others_idle_ns);
-        if (at && now - at < PROBE_LEARN_NS && idle != UINT64_MAX) {
-            if (gpm[s].window_ns < at || card < idle + 20)
-                return 1; /* reaches back into the probe, or the others' figure is all there is: no step */
-            *own = card - idle;
-            *other = card - *own;
-            if (spent_rate > 0 && *own >= 20 && *own <= 950) {
-                /* Taken 10 % high, up at once, down slowly: a share learned too
-                 * large holds the container a little below its limit, one
-                 * learned too small would let it above (the others' figure may
-                 * have grown since the probe; GPM lags the launches). */
-                double k = (double)*own / 1000.0 / spent_rate * PROBE_BIAS;
-                unit = unit <= 0 || k > unit ? k : unit * 0.9 + k * 0.1;
-                atomic_store(&t->unit_x1e12, (uint64_t)(unit * 1e12));
-            }
-            return 0;
-        }
-        int held = atomic_load(&t->throttled) != 0;
-        if (unit <= 0 && (spent_rate > 0 || held) && now >= atomic_load(&t->probe_next_ns)) {
-            uint32_t none = 0;
-            if (atomic_compare_exchange_strong(&t->probe, &none, 1)) {
-                atomic_store(&t->probe_ns, now);
-                atomic_store(&t->tokens, PROBE_HOLD); /* hold the container's launches */
-                VC_DEBUG("slot %d: others run in the MIG instance: probing what they use", s);
-            }
-        }
-    }
+    if (atomic_load(&t->mode) == VC_MEASURE_GPM)
+        return gpm_shared(s, t, now, card, spent_rate, own, other);
     double est = unit > 0 && spent_rate > 0 ? unit * spent_rate * 1000.0 : (double)card;
     *own = est < (double)card ? (uint64_t)est : card;
     *other = card - *own;
@@ -637,62 +673,172 @@ static int held_util(int s, uint64_t now, uint64_t began, uint64_t *fig)
     return rc == 0 && gpm[s].window_ns < began + PROBE_DRAIN_NS ? 1 : rc;
 }
 
-/* The probe of a container sharing a MIG instance with no learned share
- * (started by sample_device()):
- * its launches are held (PROBE_DRAIN_NS for what is queued to finish), a GPM
- * baseline is taken, and the next sample's figure is what the others use.
- * Then the launches go on. Returns 1 while the probe runs (no controller
- * step), 0 when there is none. */
-static int probe_step(int s, struct vc_throttle *t, uint64_t now)
+/* Start a probe (from gpm_shared()) when one is due: the container launches
+ * (or waits to) and the last one ended long enough ago. probe_ns is written
+ * before the phase, so probe_abandon() never judges a new probe by an old
+ * start. */
+static void probe_start(struct vc_throttle *t, uint64_t now, uint64_t card, double spent_rate)
 {
-    uint32_t phase = atomic_load(&t->probe);
-    if (phase == 0)
-        return 0;
-    uint64_t began = atomic_load(&t->probe_ns);
-    uint64_t fig = 0;
-    int rc = 1;
-    uint64_t next = now + jitter(PROBE_FRESH_NS * 4 / 5, PROBE_FRESH_NS * 2 / 5);
-    if (now - began > PROBE_MAX_NS) {
-        atomic_store(&t->others_idle, UINT64_MAX);
-        rc = 0; /* give up: go on as without a probe, try again later */
-    } else if (phase == 1) {
-        if (now - began < PROBE_DRAIN_NS)
-            return 1;
-        gpm[s].prev_ns = 0; /* what this process sampled before includes the container's own work */
-        if (gpm_util(s, now, &fig) == 1)
-            atomic_store(&t->probe, 2);
-        return 1;
-    } else if ((rc = held_util(s, now, began, &fig)) == 0 && phase == 2) {
-        atomic_store(&t->others_idle, fig); /* the first figure; a second one must agree */
-        atomic_store(&t->probe, 3);
-        return 1;
-    } else if (rc == 0) {
-        /* The others' figure must be steady over two samples: a neighbour
-         * whose limiter reacts to this pause (it also counts the instance's
-         * figure as its own) would make it look larger than their use. And
-         * others idle while their processes are there may be probing at the
-         * same moment. Neither is a figure to learn from: again soon, at a
-         * time of this container's own. */
-        uint64_t first = atomic_load(&t->others_idle);
-        uint64_t diff = first > fig ? first - fig : fig - first;
-        int steady = diff <= 50 && fig >= 20;
-        atomic_store(&t->others_idle, steady ? (first < fig ? first : fig) : UINT64_MAX); /* the smaller: safe side */
-        if (!steady)
-            next = now + jitter(PROBE_RETRY_NS, PROBE_RETRY_NS * 4);
-        VC_DEBUG("slot %d: the others use %.1f%% then %.1f%% of the MIG instance%s", s, first / 10.0, fig / 10.0,
-                 steady ? "" : " (not steady: again later)");
+    if ((spent_rate <= 0 && !atomic_load(&t->throttled)) || now < atomic_load(&t->probe_next_ns) ||
+        atomic_load(&t->probe) != 0)
+        return;
+    atomic_store(&t->probe_pre, card);
+    /* Learnt from only if the rate was settled: a moving one runs ahead of GPM's figure, which lags it. */
+    atomic_store(&t->probe_pre_settled, atomic_load(&t->settled) >= SETTLED_STEPS);
+    atomic_store(&t->probe_pre_rate, spent_rate > 0 && spent_rate < 1e18 ? (uint64_t)spent_rate : 0);
+    atomic_store(&t->probe_ns, now);
+    uint32_t none = 0;
+    if (atomic_compare_exchange_strong(&t->probe, &none, 1)) {
+        atomic_store(&t->tokens, PROBE_HOLD); /* hold the container's launches */
+        VC_DEBUG("others run in the MIG instance: probing what they use");
+    }
+}
+
+/* What a probe's figure of the others' use (fig) teaches of the container's
+ * share: the instance's figure just before the pause minus theirs was its
+ * own, at the rate it spent then. That window lies before the pause, so a
+ * neighbour's reaction to the pause cannot distort it (a neighbour that
+ * reacts makes the two figures of the pause differ, and teaches nothing).
+ * Learnt only from a rest well above the figures' noise (a few points) and
+ * at least half the container's share (a rate still climbing runs ahead of
+ * GPM's figure; a share learnt from 3 % of the instance once held a 30 %
+ * container at 9 %). fig is the later of the pause's two figures. Taken 10 % high, up at once, down slowly: a share
+ * learnt too large holds the container a little below its limit, one learnt
+ * too small would let it above. */
+static void probe_learn(struct vc_throttle *t, uint64_t fig)
+{
+    uint64_t pre = atomic_load(&t->probe_pre), rate = atomic_load(&t->probe_pre_rate);
+    /* A neighbour that climbs on the pause has climbed by its first figure
+     * too: what it used before the pause is taken back along that trend. */
+    uint64_t first = atomic_load(&t->probe_first);
+    fig = fig > first ? (2 * first > fig ? 2 * first - fig : 0) : fig;
+    uint64_t least = (uint64_t)cfg.target_x1000 / 2 > LEARN_MIN ? (uint64_t)cfg.target_x1000 / 2 : LEARN_MIN;
+    uint64_t mine = pre > fig ? pre - fig : 0;
+    if (rate == 0 || mine < LEARN_MIN || mine > 950) {
+        atomic_store(&t->guess_x1e12, 0);
+        return;
+    }
+    double k = (double)mine / 1000.0 / (double)rate * PROBE_BIAS;
+    atomic_store(&t->guess_x1e12, (uint64_t)(k * 1e12)); /* a floor for the estimate meanwhile, see gpm_shared() */
+    if (!atomic_load(&t->probe_pre_settled) || mine < least)
+        return;
+    double unit = (double)atomic_load(&t->unit_x1e12) / 1e12;
+    unit = unit <= 0 || k > unit ? k : unit * 0.9 + k * 0.1;
+    atomic_store(&t->unit_x1e12, (uint64_t)(unit * 1e12));
+    VC_DEBUG("a probe found %.1f%% of the MIG instance the container's own at %" PRIu64 " units/s", mine / 10.0,
+             rate);
+}
+
+/* End a probe found in `phase`, unless another process ended it first. fig:
+ * the second of the others' two steady figures (the smaller of the two is
+ * kept as theirs), or UINT64_MAX when the probe taught nothing;
+ * then the next one waits 0.3-1.5 s, twice that after two such probes in a
+ * row, and so on up to 1.2-6 s (a neighbour probing at the same moment, or
+ * one whose use moves, is not met again at once; a container whose probes
+ * keep failing pauses less and less often). A figure keeps the
+ * previous one's place; a failure leaves it (it ages out, OTHERS_KEEP_NS).
+ * Launches go on from a clean account of what was spent. */
+static void probe_end(struct vc_throttle *t, uint64_t now, uint32_t phase, uint64_t fig)
+{
+    if (phase == 0 || phase == PROBE_ENDING || !atomic_compare_exchange_strong(&t->probe, &phase, PROBE_ENDING))
+        return;
+    uint64_t next;
+    if (fig != UINT64_MAX) {
+        probe_learn(t, fig);
+        uint64_t first = atomic_load(&t->probe_first);
+        atomic_store(&t->others_idle, first < fig ? first : fig); /* the smaller: the safe side */
+        atomic_store(&t->others_idle_ns, now);
+        atomic_store(&t->probe_fails, 0);
+        next = now + jitter(PROBE_RELEARN_NS, PROBE_RELEARN_NS); /* only if the share is still unknown then */
     } else {
-        return 1; /* no figure yet (or this process has no baseline): next step */
+        uint32_t n = atomic_load(&t->probe_fails);
+        if (n < PROBE_RETRY_STEPS)
+            atomic_store(&t->probe_fails, n + 1);
+        uint64_t base = PROBE_RETRY_NS << (n < PROBE_RETRY_STEPS ? n : PROBE_RETRY_STEPS);
+        next = now + jitter(base, base * 4);
     }
     atomic_store(&t->probe_next_ns, next);
-    atomic_store(&t->others_idle_ns, now);
-    /* Launch again, from a clean account of what was spent. */
     atomic_store(&t->tokens, 0);
     atomic_store(&t->ctrl_added, atomic_load(&t->added));
     atomic_store(&t->ctrl_tokens, 0);
     atomic_store(&t->ctrl_ok_ns, now);
     atomic_store(&t->throttled, 0);
     atomic_store(&t->probe, 0);
+}
+
+/* A probe still holding the container's launches PROBE_ABANDON_NS after it
+ * began: the process running it is stopped (SIGSTOP, a debugger) and no
+ * other process of the container can step the controller in its place (none
+ * has NVML), or it stopped between starting a probe and holding the launches.
+ * Whoever waits for tokens ends it (as a probe that taught nothing), and the
+ * launches go on at the rate last set: the bucket keeps refilling from the
+ * launch accounting while nobody measures. A hold with no probe at all (its
+ * starter stopped half-way and the probe was ended meanwhile) is let go too.
+ * Called by every waiting launch and by each process's watcher: two loads when
+ * no probe runs. */
+static void probe_abandon(struct vc_throttle *t, uint64_t now)
+{
+    uint32_t phase = atomic_load_explicit(&t->probe, memory_order_relaxed);
+    if (phase == 0) {
+        int64_t cur = atomic_load_explicit(&t->tokens, memory_order_relaxed);
+        if (cur < PROBE_HOLD / 2)
+            atomic_compare_exchange_strong(&t->tokens, &cur, 0);
+        return;
+    }
+    uint64_t began = atomic_load(&t->probe_ns);
+    if (phase == PROBE_ENDING || now < began || now - began < PROBE_ABANDON_NS)
+        return;
+    VC_DEBUG("a probe has held the launches for %.1f s (its process is stopped?): ended, launches go on",
+             (double)(now - began) / 1e9);
+    probe_end(t, now, phase, UINT64_MAX);
+}
+
+/* The probe of a container sharing a MIG instance with no learned share
+ * (started by gpm_shared()): its launches are held (PROBE_DRAIN_NS for what
+ * is queued to finish), a GPM baseline is taken, and the next two samples'
+ * figures are what the others use. Then the launches go on. Returns 1 while
+ * the probe runs (no controller step), 0 when there is none. */
+static int probe_step(int s, struct vc_throttle *t, uint64_t now)
+{
+    uint32_t phase = atomic_load(&t->probe);
+    if (phase == 0)
+        return 0;
+    if (phase == PROBE_ENDING)
+        return 1;
+    uint64_t began = atomic_load(&t->probe_ns);
+    uint64_t fig = 0;
+    if (now - began > PROBE_MAX_NS) {
+        probe_end(t, now, phase, UINT64_MAX); /* give up: go on as without a probe, try again later */
+        return 1;
+    }
+    if (phase == 1) {
+        if (now - began < PROBE_DRAIN_NS)
+            return 1;
+        gpm[s].prev_ns = 0; /* what this process sampled before includes the container's own work */
+        if (gpm_util(s, now, &fig) == 1)
+            atomic_compare_exchange_strong(&t->probe, &phase, 2);
+        return 1;
+    }
+    if (held_util(s, now, began, &fig) != 0)
+        return 1; /* no figure yet (or this process has no baseline): next step */
+    if (phase == 2) {
+        atomic_store(&t->probe_first, fig); /* the first figure; a second one must agree */
+        atomic_compare_exchange_strong(&t->probe, &phase, 3);
+        return 1;
+    }
+    /* The others' figure must be steady over two samples: a neighbour whose
+     * limiter reacts to this pause would make it look larger than their use.
+     * It must leave this container its share: others that fill what it leaves
+     * while it pauses (they climb on its absence) show what they can take,
+     * not what they use beside it. And others idle while their processes are
+     * there may be probing at the same moment. None of these is a figure to
+     * learn from: again later, at a time of this container's own. */
+    uint64_t first = atomic_load(&t->probe_first);
+    uint64_t diff = first > fig ? first - fig : fig - first;
+    int steady = diff <= 50 && fig >= IDLE_MAX && first <= rest_of_instance() && fig <= rest_of_instance();
+    VC_DEBUG("slot %d: the others use %.1f%% then %.1f%% of the MIG instance%s", s, first / 10.0, fig / 10.0,
+             steady ? "" : " (not steady: again later)");
+    probe_end(t, now, phase, steady ? fig : UINT64_MAX);
     return 1;
 }
 
@@ -824,6 +970,15 @@ static void control(int s, struct vc_throttle *t, uint64_t now)
         f = 0.5;
     if (f > fmax)
         f = fmax;
+    if (mode == VC_MEASURE_GPM && atomic_load(&t->unit_x1e12) == 0) {
+        /* Sharing a MIG instance with no learnt share: small steps (x0.9 to
+         * x1.1), so that this container's use stays steady through a
+         * neighbour's probe (see probe_step()) and a neighbour's pause or
+         * return moves it little; but far below its share it climbs back
+         * (doubling at most), which moves its use by a few points only. */
+        double hi = (int64_t)own * 4 < target ? (fmax < 4.0 ? fmax : 4.0) : DAMP_MAX;
+        f = f < DAMP_MIN ? DAMP_MIN : (f > hi ? hi : f);
+    }
     atomic_store(&t->ramping, mode == VC_MEASURE_PROCESS && fmax == RAMP_MAX && f > 4.0);
     /* When the container is over its share while spending less than the
      * rate allows (the driver's queue, not the bucket, holds it back),
@@ -838,6 +993,12 @@ static void control(int s, struct vc_throttle *t, uint64_t now)
     if (next > 1e15)
         next = 1e15;
     atomic_store(&t->rate, (uint64_t)next);
+    if (next >= (double)rate * 0.88 && next <= (double)rate * 1.12) {
+        if (atomic_load(&t->settled) < SETTLED_STEPS)
+            atomic_fetch_add(&t->settled, 1);
+    } else {
+        atomic_store(&t->settled, 0);
+    }
     /* A lower rate also means a smaller bucket: tokens saved up at the old rate
      * must not let the container run on unchecked. */
     int64_t cap = next * (double)BURST_NS / 1e9 > 4e18 ? INT64_MAX / 2 : (int64_t)(next * (double)BURST_NS / 1e9) + 1;
@@ -923,6 +1084,7 @@ static void *watcher(void *arg)
                     atomic_store(&t->tokens, 0); /* enforced again meanwhile: no free run */
                 continue;
             }
+            probe_abandon(t, now);
             refill(t, now);
             if (vc.nvml[s])
                 control(s, t, now); /* only processes that can measure step the controller */
