@@ -34,6 +34,16 @@ def _load(c: Container, node: Node, seconds: float) -> tuple[subprocess.Popen[st
     return p, int(first_line(p, "PID").split()[1])
 
 
+def _two_in_h100_instance(fx: Fixture, first: tuple[str, int],
+                          second: tuple[str, int]) -> tuple[Node, Container, Container]:
+    """A fake H100 with one 3g.40gb instance and two containers limited to (name, cores) each in it."""
+    node = _mig_node(fx, H100, MIG_H, "hopper", "NVIDIA H100 80GB HBM3 MIG 3g.40gb")
+    one, two = fx.container(first[0]), fx.container(second[0])
+    one.write_limits([(MIG_H, 0)], core=first[1])
+    two.write_limits([(MIG_H, 0)], core=second[1])
+    return node, one, two
+
+
 @case("mig: a MIG instance on a Hopper card holds a hard 30% limit from GPM per-instance samples", slow=True)
 def hopper_gpm(fx: Fixture) -> None:
     node = _mig_node(fx, H100, MIG_H, "hopper", "NVIDIA H100 80GB HBM3 MIG 1g.10gb")
@@ -52,10 +62,7 @@ def hopper_gpm(fx: Fixture) -> None:
 
 @case("mig: a container joining a Hopper MIG instance gets its 50% and leaves the first one its 30%", slow=True)
 def hopper_shared(fx: Fixture) -> None:
-    node = _mig_node(fx, H100, MIG_H, "hopper", "NVIDIA H100 80GB HBM3 MIG 3g.40gb")
-    a, b = fx.container("thirty"), fx.container("fifty")
-    a.write_limits([(MIG_H, 0)], core=30)
-    b.write_limits([(MIG_H, 0)], core=50)
+    node, a, b = _two_in_h100_instance(fx, ("thirty", 30), ("fifty", 50))
     t0 = time.monotonic_ns()
     pa, pida = _load(a, node, 2 * WARMUP + WINDOW + 0.5)
     time.sleep(WARMUP)  # alone in the instance: the instance's figure is its own, and it learns its launch cost;
@@ -74,10 +81,7 @@ def hopper_shared(fx: Fixture) -> None:
 @case("mig: two containers starting together in a Hopper MIG instance at 30% and 50% stay within their shares",
       slow=True)
 def hopper_together(fx: Fixture) -> None:
-    node = _mig_node(fx, H100, MIG_H, "hopper", "NVIDIA H100 80GB HBM3 MIG 3g.40gb")
-    a, b = fx.container("thirty"), fx.container("fifty")
-    a.write_limits([(MIG_H, 0)], core=30)
-    b.write_limits([(MIG_H, 0)], core=50)
+    node, a, b = _two_in_h100_instance(fx, ("thirty", 30), ("fifty", 50))
     t0 = time.monotonic_ns()
     pa, pida = _load(a, node, 2 * WARMUP + WINDOW + 0.5)
     pb, pidb = _load(b, node, 2 * WARMUP + WINDOW + 0.5)
@@ -94,26 +98,10 @@ def hopper_together(fx: Fixture) -> None:
     assert ua > 30 / 4 and ub > 50 / 4, f"30/50 became {ua:.1f}/{ub:.1f}: one was starved"
 
 
-def _stderr_line(p: subprocess.Popen[str], text: str, timeout: float = 15) -> str:
-    """Read p's stderr lines until one contains text (bounded by the process ending and by timeout)."""
-    assert p.stderr is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = p.stderr.readline()
-        if not line:
-            raise AssertionError(f"process ended before writing {text!r}")
-        if text in line:
-            return line
-    raise AssertionError(f"no {text!r} on stderr within {timeout}s")
-
-
 @case("mig: a process stopped (SIGSTOP) while its probe holds the container's launches does not hold them for good",
       slow=True)
 def hopper_probe_stopped(fx: Fixture) -> None:
-    node = _mig_node(fx, H100, MIG_H, "hopper", "NVIDIA H100 80GB HBM3 MIG 3g.40gb")
-    y, x = fx.container("neighbour"), fx.container("prober")
-    y.write_limits([(MIG_H, 0)], core=50)
-    x.write_limits([(MIG_H, 0)], core=30)
+    node, y, x = _two_in_h100_instance(fx, ("neighbour", 50), ("prober", 30))
     py, _ = _load(y, node, 12.0)
     time.sleep(1.0)  # the neighbour runs in the instance: x never ran alone there, so it probes what y uses
     # x's first process has no NVML (it cannot step x's controller); the second one measures, and probes
@@ -122,7 +110,7 @@ def hopper_probe_stopped(fx: Fixture) -> None:
     time.sleep(0.5)
     p1 = x.spawn("vcload", "8.0", "100", "kernel", env=x.env(node, VCUDA_LOG_LEVEL="4"))
     first_line(p1, "PID")
-    _stderr_line(p1, "probing what they use")  # x's launches are held now, for ~0.3 s
+    first_line(p1, "probing what they use", stream="stderr", contains=True)  # x's launches are held now, for ~0.3 s
     p1.send_signal(signal.SIGSTOP)  # ... and the process that would end the probe stops
     stopped = time.monotonic_ns()
     try:

@@ -158,19 +158,21 @@ def run(build: Path, prog: str, args: list[str], env: dict[str, str], timeout: f
     return Result(p.returncode, p.stdout, p.stderr)
 
 
-def first_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 15) -> str:
-    """Read stdout lines until one starts with prefix (bounded by the process ending)."""
-    assert proc.stdout is not None
+def first_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 15, stream: str = "stdout",
+               contains: bool = False) -> str:
+    """Read lines of proc's stdout (or stderr) until one starts with prefix (or, with contains, holds it anywhere);
+    bounded by the process ending and by timeout."""
+    out = proc.stdout if stream == "stdout" else proc.stderr
+    assert out is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        line = proc.stdout.readline()
+        line = out.readline()
         if not line:
-            raise AssertionError(
-                f"process ended before printing {prefix!r}: {proc.stderr.read() if proc.stderr else ''}"
-            )
-        if line.startswith(prefix):
+            rest = proc.stderr.read() if proc.stderr is not None and stream == "stdout" else ""
+            raise AssertionError(f"process ended before writing {prefix!r} on {stream}: {rest}")
+        if (prefix in line) if contains else line.startswith(prefix):
             return line.strip()
-    raise AssertionError(f"no {prefix!r} line within {timeout}s")
+    raise AssertionError(f"no {prefix!r} line on {stream} within {timeout}s")
 
 
 def finish_load(p: subprocess.Popen[str]) -> tuple[str, str]:
