@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpumgr.allocator import Allocation, Ledger, Request, choose
-from gpumgr.allocator.candidates import isolation
+from gpumgr.allocator.candidates import group_pressure, isolation, snugness
 from gpumgr.requests import podspec
 from gpumgr.sim.kubeapi import KubeApiServer
 from gpumgr.topology.cost import Topology
@@ -86,8 +86,9 @@ async def test_pods_and_claims_fill_a_node_from_opposite_ends(api: KubeApiServer
 
 @pytest.mark.parametrize("board", BOARDS)
 def test_the_high_first_order_is_as_good_as_the_plain_one(board: str) -> None:
-    """Every set of busy cards, every shape: the same worst link and total cost for whole cards, the same
-    isolation for one card, the same fit for a share (a free card where the plain one takes a free card)."""
+    """Every set of busy cards, every shape: the same worst link, total cost, NUMA span and snugness for whole
+    cards, the same isolation, NUMA peers and group pressure for one card or a share (every busy card is held whole
+    here, so a share takes a free card in the same order); only the last tie-break, the card numbers, differs."""
     topo = Topology.of(topo_inventory(board))
     for bits in range(1 << topo.n):
         busy = {c for c in range(topo.n) if bits >> c & 1}
@@ -100,9 +101,12 @@ def test_the_high_first_order_is_as_good_as_the_plain_one(board: str) -> None:
             high = _plain(topo, topo.n, busy, containers, high_first=True)
             assert topo.worst(high) == topo.worst(plain), (busy, containers)
             assert round(topo.total_cost(high), 6) == round(topo.total_cost(plain), 6), (busy, containers)
+            assert topo.numa_span(high) == topo.numa_span(plain), (busy, containers)
+            assert snugness(topo, list(high), free) == snugness(topo, list(plain), free), (busy, containers)
             if count == 1:
                 assert isolation(topo, high[0], free) == isolation(topo, plain[0], free), (busy, containers)
                 assert topo.numa_peers(high[0], free) == topo.numa_peers(plain[0], free), (busy, containers)
+                assert group_pressure(topo, high[0], free) == group_pressure(topo, plain[0], free), (busy, containers)
 
 
 def _plain(topo: Topology, n: int, busy: set[int], containers: tuple[int, int],
