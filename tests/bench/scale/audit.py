@@ -79,7 +79,6 @@ def audit(nodes: dict[str, FakeNode], pods: list[dict[str, Any]], claims: list[d
             out.overcommitted.append(f"{node_name}/gpu-{card}: {used} cores, {memory[(node_name, card)]} MiB "
                                      f"({held_by})")
             if held_by == "claim+pod":
-                out.mixed += 1
                 out.race_cards[card] += 1
                 out.race_kinds[" + ".join(sorted(shares[(node_name, card)]))] += 1
     for node_name, count in whole.items():
@@ -101,6 +100,12 @@ class Audit:
     cards_used: int = 0
     multi_card: int = 0
     multi_card_best: int = 0
-    mixed: int = 0  # over-committed cards held by pods and claims at once: the two schedulers' race (docs/dra.md)
-    race_cards: Counter[int] = field(default_factory=Counter)  # those cards by device index (gpu-0 ...)
-    race_kinds: Counter[str] = field(default_factory=Counter)  # ... and by what held them ("claim share + pod whole")
+    # over-committed cards held by pods and claims at once (the two schedulers' race, docs/dra.md), by device index
+    # (gpu-0 ...) and by what held them ("claim share + pod whole")
+    race_cards: Counter[int] = field(default_factory=Counter)
+    race_kinds: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def mixed(self) -> int:
+        """How many cards the race over-committed."""
+        return self.race_cards.total()
