@@ -32,7 +32,6 @@ CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 30.0
 MAX_ANSWER_BYTES = 16 << 20  # one object (a pod, a node: at most ~1.5 MiB in etcd); list pages: max_bytes
 MAX_ERROR_BYTES = 64 << 10  # a Status object
-MAX_WATCH_LINE = MAX_EVENT_BYTES  # one watch event; a pod is at most ~1.5 MiB in etcd, so this is only a bound
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -149,8 +148,8 @@ class KubeRest:
             async for chunk in resp.content.iter_any():
                 for line in lines.feed(chunk):
                     yield _event(line)
-                if lines.pending > MAX_WATCH_LINE:
-                    raise ApiError(resp.status, "BadResponse", f"watch {path}: an event over {MAX_WATCH_LINE} bytes")
+                if lines.pending > MAX_EVENT_BYTES:
+                    raise ApiError(resp.status, "BadResponse", f"watch {path}: an event over {MAX_EVENT_BYTES} bytes")
             for line in lines.rest():
                 yield _event(line)
 
