@@ -58,15 +58,16 @@ class LiveLayout:
             self.skipped += 1  # nothing a refusal depends on changed: trying again would refuse the same
             return False
         self.skipped = 0
+        version = self.state.version  # before the try: a holder that goes while it runs is a change still to see
         try:
             layout = lay.parse(name, await asyncio.to_thread(load_layouts, rt.settings.layouts_file))
         except (lay.LayoutError, ValueError) as e:
             if retry:
-                self.tried = (name, self.state.version)
+                self.tried = (name, version)
                 return False
             log.error("MIG: node label %s asks layout %s: not applied: %s", lay.LABEL, name, e)
             rt.layout_name, rt.layout_refused, rt.report = name, True, lay.Report(refused=[str(e)])
-            self.tried = (name, self.state.version)
+            self.tried = (name, version)
             await self.on_change(rt.report)
             return True
         if not retry:
@@ -83,7 +84,7 @@ class LiveLayout:
         changed = not retry or refused != self.last_refused or self._slots() != before
         rt.layout_name, rt.layout_refused, rt.report = name, bool(refused), report
         self.last_refused = refused
-        self.tried = (name, self.state.version) if refused else None  # the version after this try's own changes
+        self.tried = (name, version) if refused else None  # its own changes (other cards) cost one more try
         if changed:
             rt.cards = await asyncio.to_thread(rt.manager.cards)
             await self.on_change(report)
