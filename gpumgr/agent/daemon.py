@@ -214,7 +214,8 @@ class Agent:
     async def _reconcile(self, why: str, full: bool = True) -> None:
         """The vcuda allocations, then the device plugins' MIG holdings (gpumgr/mig/holdings.py)."""
         assert self.service is not None and self.pods is not None
-        pods = RoundPods(self.pods)  # one listing (and at most one fresh API list) for both passes
+        # one listing (and at most one fresh API list) for both passes, judging what the ledger held as it began
+        pods = RoundPods(self.pods, self.service.state.ledger.allocations)
         await reconcile(self.service, self.pods.synced, self.config.grace_s, why, full=full, round_pods=pods)
         if self.mig is not None and self.mode != "dra":
             from gpumgr.mig.holdings import reconcile_holdings

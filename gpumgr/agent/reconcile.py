@@ -79,7 +79,7 @@ async def reconcile(service: AllocationService, pods_synced: bool, grace_s: floa
         elif full and kubelet_ok and now - (a.created or 0) > grace_s:
             release.append(a.key)  # never recorded by the kubelet: the admission failed or was never completed
             report.freed_unrecorded += 1
-    freed = await gone(view, missing)
+    freed = await gone(view, [(k, uid) for k, uid in missing if view.predates(seen[k])])
     release += freed
     report.freed_gone += len(freed)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpumgr.devices.types import Inventory
 from gpumgr.dra.slices import CORES, MIB, memory_ceiling
-from gpumgr.requests.claim_results import ResultError, allocated_results, device_amount
+from gpumgr.requests.claim_results import ResultError, allocated_results, device_amount, share_id
 
 MAX_RESERVED = 256  # a claim may be reserved for at most 256 consumers (ResourceClaimReservedForMaxSize)
 MAX_NAMED = 5  # pods named in an error (the rest counted): 256 names made a 1,670-character message
@@ -77,7 +77,7 @@ def _device_grant(label: str, r: Mapping[str, Any], pool: str, inv: Inventory) -
     """What one result of this driver consumes (the rule in gpumgr.requests.claim_results, shared with the
     extender), checked against what only the node knows: its pool and its cards."""
     try:
-        got = device_amount(r)
+        got, share = device_amount(r), share_id(r)
     except ResultError as e:
         raise ClaimError(f"{label}: {e}") from None
     where = f"{label}: device {got.pool}/{got.device}"
@@ -89,9 +89,8 @@ def _device_grant(label: str, r: Mapping[str, Any], pool: str, inv: Inventory) -
     memory = card_bytes if got.memory_bytes is None else got.memory_bytes
     if memory > card_bytes:
         raise ClaimError(f"{where}: consumedCapacity memory {memory} bytes is outside 1..{card_bytes}")
-    share = r.get("shareID")
     return DeviceGrant(request=str(r.get("request", "")), device=got.device, index=got.index,
-                       share_id=str(share) if share else "", memory_bytes=memory, cores=got.cores)
+                       share_id=share, memory_bytes=memory, cores=got.cores)
 
 
 def per_card(grant: ClaimGrant) -> list[CardGrant]:

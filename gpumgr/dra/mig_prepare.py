@@ -43,12 +43,10 @@ from gpumgr.node.claims import LEDGER_PREFIX, claim_keys, vdevice_key
 from gpumgr.node.limits import with_compute
 from gpumgr.node.state import NodeState
 from gpumgr.node.vdevices import start_server
-from gpumgr.requests.claim_results import ResultError, allocated_results
+from gpumgr.requests.claim_results import ResultError, allocated_results, share_id
 
 log = logging.getLogger("gpumgr.dra.mig")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-MAX_SHARE_ID = 63  # a DNS label; kube-scheduler writes a UUID (36)
-_SHARE_ID = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -330,13 +328,9 @@ def mig_results_of(claim: Mapping[str, Any], driver: str, pool: str) -> list[Mig
     return out
 
 
+
 def _share_id(label: str, r: Mapping[str, Any]) -> str:
-    """The result's shareID ("" when it has none): a DNS label or a UUID, as the API makes it; anything else is
-    refused, not cut (two shares cut to the same text would be one share)."""
-    share = r.get("shareID")
-    if share is None or share == "":
-        return ""
-    if not isinstance(share, str) or len(share) > MAX_SHARE_ID or not _SHARE_ID.fullmatch(share):
-        raise ClaimError(f"{label}: device {str(r.get('device'))[:80]}: shareID {str(share)[:80]!r} is not a DNS "
-                         f"label (letters, digits and '-', at most {MAX_SHARE_ID} characters)")
-    return share
+    try:
+        return share_id(r)
+    except ResultError as e:
+        raise ClaimError(f"{label}: {e}") from None

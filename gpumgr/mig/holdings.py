@@ -96,7 +96,7 @@ async def reconcile_holdings(service: ServiceBase, resources: Mapping[str, str],
                 maybe_gone.append((key, a.pod_uid))
         elif full and now - (a.created or 0) > grace_s:
             release.append(key)  # never recorded by the kubelet: its admission failed or was never completed
-    release += await gone(view, maybe_gone)
+    release += await gone(view, [(k, uid) for k, uid in maybe_gone if view.predates(mine[k])])  # others: next round
     if release:
         freed = await service.release(release, f"MIG holdings ({why}): no live pod holds it", expect=mine)
         report.released = len(freed)

@@ -33,13 +33,13 @@ class LiveLayout:
     labels: Callable[[], Awaitable[Mapping[str, str] | None]]  # the Node's labels; None: could not be read
     on_change: Callable[[lay.Report], Awaitable[None]]
     last_refused: tuple[str, ...] = field(default=())
-    tried: tuple[str, int] | None = None  # (layout, ledger version) of the last try that was refused
+    tried_at: int | None = None  # the ledger version before the last try of runtime.layout_name, when refused
     skipped: int = 0  # reads since then that tried nothing
 
     def __post_init__(self) -> None:
         self.last_refused = tuple(self.runtime.report.refused)
         if self.runtime.layout_refused and self.runtime.layout_name:
-            self.tried = (self.runtime.layout_name, self.state.version)
+            self.tried_at = self.state.version
 
     async def check(self) -> bool:
         """Apply the layout the node asks for when it changed (or was refused before); True when anything the
@@ -54,19 +54,20 @@ class LiveLayout:
         retry = name == rt.layout_name
         if retry and not rt.layout_refused:
             return False
-        if retry and self.tried == (name, self.state.version) and self.skipped + 1 < RETRY_READS:
+        if retry and self.tried_at == self.state.version and self.skipped + 1 < RETRY_READS:
             self.skipped += 1  # nothing a refusal depends on changed: trying again would refuse the same
             return False
         self.skipped = 0
+        version = self.state.version  # before the try: a holder that goes while it runs is a change still to see
         try:
             layout = lay.parse(name, await asyncio.to_thread(load_layouts, rt.settings.layouts_file))
         except (lay.LayoutError, ValueError) as e:
             if retry:
-                self.tried = (name, self.state.version)
+                self.tried_at = version
                 return False
             log.error("MIG: node label %s asks layout %s: not applied: %s", lay.LABEL, name, e)
             rt.layout_name, rt.layout_refused, rt.report = name, True, lay.Report(refused=[str(e)])
-            self.tried = (name, self.state.version)
+            self.tried_at = version
             await self.on_change(rt.report)
             return True
         if not retry:
@@ -83,7 +84,7 @@ class LiveLayout:
         changed = not retry or refused != self.last_refused or self._slots() != before
         rt.layout_name, rt.layout_refused, rt.report = name, bool(refused), report
         self.last_refused = refused
-        self.tried = (name, self.state.version) if refused else None  # the version after this try's own changes
+        self.tried_at = version if refused else None  # its own changes (other cards) cost one more try
         if changed:
             rt.cards = await asyncio.to_thread(rt.manager.cards)
             await self.on_change(report)

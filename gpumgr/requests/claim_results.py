@@ -32,6 +32,8 @@ MAX_MEMORY = 1 << 60  # bytes, exclusive: no card has an exabyte
 _GPU = re.compile(r"gpu-[0-9]{1,6}")  # ASCII digits only (str.isdigit() takes "²" and "٣")
 _MIG = re.compile(r"gpu-([0-9]{1,4})-mig-[a-z0-9-]{1,40}-([0-9]{1,2})-([0-9]{1,2})\Z")
 _SHOWN = 80  # characters of a bad value quoted in an error
+MAX_SHARE_ID = 63  # a DNS label; kube-scheduler writes a UUID (36)
+_SHARE_ID = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?")
 
 
 class ResultError(ValueError):
@@ -120,6 +122,18 @@ def device_amount(r: Mapping[str, Any]) -> DeviceAmount:
         raise ResultError(f"device {_show(device)} in pool {pool} is not a GPU of this driver (gpu-<index>)")
     cores, memory = consumed_amounts(r.get("consumedCapacity"), f"device {pool}/{device}")
     return DeviceAmount(pool=pool, device=device, index=index, cores=cores, memory_bytes=memory)
+
+
+def share_id(r: Mapping[str, Any]) -> str:
+    """A result's shareID ("" when it has none): a DNS label or a UUID, as the API makes it; anything else is a
+    ResultError, never cut (two shares cut to the same text would be one share)."""
+    share = r.get("shareID")
+    if share is None or share == "":
+        return ""
+    if not isinstance(share, str) or len(share) > MAX_SHARE_ID or not _SHARE_ID.fullmatch(share):
+        raise ResultError(f"device {_show(r.get('device'))}: shareID {_show(share)} is not a DNS label (letters, "
+                          f"digits and '-', at most {MAX_SHARE_ID} characters)")
+    return share
 
 
 def consumed_amounts(consumed: Any, where: str) -> tuple[int, int | None]:

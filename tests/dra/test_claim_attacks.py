@@ -219,3 +219,16 @@ async def test_a_pod_in_the_agents_pod_cache_needs_no_api_read(node: DraNode) ->
     node.fe.preparer.cached_pod = {pod["metadata"]["uid"]: pod}.get
     resp = await prepare(node, (NS, "cached", uid))
     assert resp.claims[uid].error == "" and resp.claims[uid].devices
+
+
+@pytest.mark.parametrize("share", ["s" * 5000, "a b", {"nested": "object"}])
+async def test_a_whole_card_claim_s_share_id_that_is_not_a_dns_label_is_refused(node: DraNode, share: object) -> None:
+    """The rule of the MIG path (gpumgr.requests.claim_results.share_id) on the card path too: before, any shareID
+    was taken as str() of it, of any length, into the ledger's claim holder."""
+    claim = _forged_claim(node, "odd-share", "gpu-0")
+    uid = claim["metadata"]["uid"]
+    node.api.store.merge_patch_object("resourceclaims", "odd-share", results_patch(claim, shareID=share), NS)
+    before = snapshot(node)
+    error = (await prepare(node, (NS, "odd-share", uid))).claims[uid].error
+    assert "claim default/odd-share: device 'gpu-0': shareID" in error and "is not a DNS label" in error, error
+    assert len(error) < 400 and snapshot(node) == before

@@ -273,7 +273,7 @@ def test_a_share_id_that_is_not_a_dns_label_is_refused_not_cut():
     uid = "0b1c2d3e-0000-4000-8000-00000000000f"  # what kube-scheduler writes
     assert [r.share_id for r in mig_results_of(claim(uid), "d.io", "node-1")] == [uid]
     for bad in ("a" * 64, "a" * 63 + "b", "-x", "a b", 7):  # before: cut to 63 characters (two shares made one)
-        with pytest.raises(ClaimError, match=f"claim ns/x: device {THREE_G}: shareID .* is not a DNS label"):
+        with pytest.raises(ClaimError, match=f"claim ns/x: device '{THREE_G}': shareID .* is not a DNS label"):
             mig_results_of(claim(bad), "d.io", "node-1")
 
 

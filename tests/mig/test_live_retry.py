@@ -4,7 +4,8 @@ Through the real nvidia-ml-py over the fake NVML, with a backend that counts the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ class CountingBackend:
 
     def __init__(self, inner: Any):
         self.inner, self.calls = inner, 0
+        self.on_create: Callable[[], object] | None = None  # run (once) at the next instance made
+
 
     def mig_cards(self) -> Any:
         self.calls += 1
@@ -39,6 +42,9 @@ class CountingBackend:
 
     def mig_create(self, index: int, profile_id: int, start: int) -> MigInstance:
         self.calls += 1
+        hook, self.on_create = self.on_create, None
+        if hook is not None:
+            hook()
         return self.inner.mig_create(index, profile_id, start)  # type: ignore[no-any-return]
 
     def mig_destroy(self, index: int, gi: int) -> bool:
@@ -83,6 +89,7 @@ async def test_a_refused_layout_is_tried_again_when_a_holder_goes_not_at_every_r
     assert rt.layout_refused and "is in use by" in rt.report.refused[0]
     assert sorted(s.profile for s in state.ledger.slots.values() if s.card == 1) == ["3g.40gb", "3g.40gb"]
 
+    assert await watcher.check() is False  # card 1's changes were the ledger's: one more pass finds them
     calls = backend.calls
     for _ in range(live.RETRY_READS - 2):  # the 15 s node reads while the holder stays: the same refusal
         assert await watcher.check() is False
@@ -112,6 +119,30 @@ async def test_a_refusal_nothing_in_the_ledger_explains_is_tried_again_after_ret
     assert backend.calls == calls
     await watcher.check()  # the RETRY_READS-th read tries again, and now nothing is refused
     assert backend.calls > calls and not rt.layout_refused
+
+
+async def test_a_holder_that_goes_while_a_layout_is_tried_is_seen_at_the_next_read(backend: CountingBackend,
+                                                                                  tmp_path: Path):
+    state = NodeState("node-a", INV, CheckpointStore(tmp_path / "ckpt"))
+    asked = {lay.LABEL: "all-1g.10gb"}
+
+    async def labels() -> dict[str, str]:
+        return dict(asked)
+
+    rt = await mig_agent.start(state, backend, mig_agent.MigSettings(), labels)
+    assert rt is not None
+    watcher = live.LiveLayout(rt, state, labels, lambda report: _nothing())
+    slot = next(s.name for s in state.ledger.slots.values() if s.card == 0)
+    await state.commit(lambda led: led.assign(Allocation(key=SHARE, cards=(0,), cores=50, memory_mib=1024, mig=slot)))
+    loop = asyncio.get_running_loop()
+    # card 0 is refused (held); while card 1 is re-made (NVML, on the try's thread), card 0's holder goes
+    backend.on_create = lambda: asyncio.run_coroutine_threadsafe(
+        state.commit(lambda led: led.release(SHARE)), loop).result()
+    asked[lay.LABEL] = "all-3g.40gb"
+    assert await watcher.check() is True
+    assert rt.layout_refused and state.ledger.held_by(SHARE) is None
+    assert await watcher.check() is True  # before: skipped until the RETRY_READS-th read (5 min)
+    assert not rt.layout_refused and sorted(s.profile for s in state.ledger.slots.values()) == ["3g.40gb"] * 4
 
 
 async def _nothing() -> None:

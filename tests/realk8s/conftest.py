@@ -28,11 +28,13 @@ CARD_MEMORY_MIB = 24576  # A30 24 GB: 96 units of 256 MiB each
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Without Go, the tests that need the cluster (the `realk8s` fixture) are skipped; the rest (the documented
+    admission configuration against the chart, test_admission_doc.py) need none and still run."""
     if build.go_binary() is None:
         skip = pytest.mark.skip(reason="real-Kubernetes tier skipped: Go is not installed (the tier builds "
                                        "Kubernetes with Go 1.26; CI has it)")
         for item in items:
-            if "tests/realk8s" in str(item.fspath):
+            if "tests/realk8s" in str(item.fspath) and "realk8s" in getattr(item, "fixturenames", ("realk8s",)):
                 item.add_marker(skip)
 
 
