@@ -171,7 +171,9 @@ int vc_sample_process(int s, struct vc_throttle *t, uint64_t now, uint64_t *own,
 
 /* NVML's list of the processes with a context on device slot s: fills pids
  * (host PIDs) and mem (bytes each uses), up to cap. Returns how many it
- * listed, cap + 1 when there were more, -1 if NVML cannot say. */
+ * listed; cap + 1 when there were more than 64 or than cap (then what was
+ * filled, if anything, is not the whole list: NVML may have filled nothing);
+ * -1 if NVML cannot say. */
 int vc_sample_running(int s, unsigned *pids, unsigned long long *mem, int cap)
 {
     nvmlDevice_t h = vc.nvml[s];

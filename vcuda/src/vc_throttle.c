@@ -419,9 +419,9 @@ void vc_throttle_overhead(int s)
     unsigned listed[64];
     unsigned long long mem[64];
     int n = vc_sample_running(s, listed, mem, 64);
-    if (n < 0 || atomic_load(&vc_mem_gen) != gen)
-        return;
-    for (int i = 0; i < n && i < 64; i++) {
+    if (n < 0 || n > 64 || atomic_load(&vc_mem_gen) != gen)
+        return; /* more than 64 processes on the device: none of them listed, this one's use unknown */
+    for (int i = 0; i < n; i++) {
         if ((int)listed[i] == vc.host_pid) {
             uint64_t now = mem[i] > own_counted ? mem[i] - own_counted : 0;
             uint64_t confirmed = now < last_overhead[s] ? now : last_overhead[s];
