@@ -26,8 +26,6 @@
 #define IDLE_MAX 50                     /* per mille: others below this in a probe may be probing too */
 #define LEARN_MIN 50                    /* per mille: the least rest of the figure a share is learnt from */
 #define PROBE_BIAS 1.1                  /* a share learned by a probe is taken this much larger */
-#define PROBE_HOLD (INT64_MIN / 4)      /* tokens while a probe holds the container's launches */
-#define PROBE_ENDING 4u                 /* probe phase while its end is being written */
 
 /* What the container's share leaves of the instance, x1000: the most the
  * others can use beside it while it uses its share. */
@@ -74,7 +72,7 @@ void vc_probe_start(struct vc_throttle *t, uint64_t now, uint64_t card, double s
     atomic_store(&t->probe_ns, now);
     uint32_t none = 0;
     if (atomic_compare_exchange_strong(&t->probe, &none, 1)) {
-        atomic_store(&t->tokens, PROBE_HOLD); /* hold the container's launches */
+        atomic_store(&t->tokens, VC_PROBE_HOLD); /* hold the container's launches */
         VC_DEBUG("others run in the MIG instance: probing what they use");
     }
 }
@@ -126,8 +124,9 @@ static void probe_learn(struct vc_throttle *t, uint64_t fig)
  * Launches go on from a clean account of what was spent. */
 static void probe_end(struct vc_throttle *t, uint64_t now, uint32_t phase, uint64_t fig)
 {
-    if (phase == 0 || phase == PROBE_ENDING || !atomic_compare_exchange_strong(&t->probe, &phase, PROBE_ENDING))
+    if (phase == 0 || phase == VC_PROBE_ENDING || !atomic_compare_exchange_strong(&t->probe, &phase, VC_PROBE_ENDING))
         return;
+    atomic_store(&t->probe_ns, now); /* when its end began (see vc_probe_abandon()) */
     uint64_t next;
     if (fig != UINT64_MAX) {
         probe_learn(t, fig);
@@ -149,7 +148,8 @@ static void probe_end(struct vc_throttle *t, uint64_t now, uint32_t phase, uint6
     atomic_store(&t->ctrl_tokens, 0);
     atomic_store(&t->ctrl_ok_ns, now);
     atomic_store(&t->throttled, 0);
-    atomic_store(&t->probe, 0);
+    uint32_t ending = VC_PROBE_ENDING;
+    atomic_compare_exchange_strong(&t->probe, &ending, 0); /* unless vc_probe_abandon() let it go meanwhile */
 }
 
 /* A probe still holding the container's launches PROBE_ABANDON_NS after it
@@ -159,7 +159,10 @@ static void probe_end(struct vc_throttle *t, uint64_t now, uint32_t phase, uint6
  * Whoever waits for tokens ends it (as a probe that taught nothing), and the
  * launches go on at the rate last set: the bucket keeps refilling from the
  * launch accounting while nobody measures. A hold with no probe at all (its
- * starter stopped half-way and the probe was ended meanwhile) is let go too.
+ * starter stopped half-way and the probe was ended meanwhile) is let go too,
+ * and so is an end begun 2 s ago and never finished (the process ending it
+ * stopped or died between two stores: the phase would say "ending" for good,
+ * hold every launch and stop the controller for the container's life).
  * Called by every waiting launch and by each process's watcher: two loads when
  * no probe runs. */
 void vc_probe_abandon(struct vc_throttle *t, uint64_t now)
@@ -167,13 +170,18 @@ void vc_probe_abandon(struct vc_throttle *t, uint64_t now)
     uint32_t phase = atomic_load_explicit(&t->probe, memory_order_relaxed);
     if (phase == 0) {
         int64_t cur = atomic_load_explicit(&t->tokens, memory_order_relaxed);
-        if (cur < PROBE_HOLD / 2)
+        if (cur < VC_PROBE_HOLD / 2)
             atomic_compare_exchange_strong(&t->tokens, &cur, 0);
         return;
     }
     uint64_t began = atomic_load(&t->probe_ns);
-    if (phase == PROBE_ENDING || now < began || now - began < PROBE_ABANDON_NS)
+    if (now < began || now - began < PROBE_ABANDON_NS)
         return;
+    if (phase == VC_PROBE_ENDING) {
+        if (atomic_compare_exchange_strong(&t->probe, &phase, 0)) /* its hold: by the next call, as above */
+            VC_DEBUG("a probe's end was begun %.1f s ago and never finished: let go", (double)(now - began) / 1e9);
+        return;
+    }
     VC_DEBUG("a probe has held the launches for %.1f s (its process is stopped?): ended, launches go on",
              (double)(now - began) / 1e9);
     probe_end(t, now, phase, UINT64_MAX);
@@ -189,7 +197,7 @@ int vc_probe_step(int s, struct vc_throttle *t, uint64_t now)
     uint32_t phase = atomic_load(&t->probe);
     if (phase == 0)
         return 0;
-    if (phase == PROBE_ENDING)
+    if (phase == VC_PROBE_ENDING)
         return 1;
     uint64_t began = atomic_load(&t->probe_ns);
     uint64_t fig = 0;

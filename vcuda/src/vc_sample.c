@@ -171,7 +171,9 @@ int vc_sample_process(int s, struct vc_throttle *t, uint64_t now, uint64_t *own,
 
 /* NVML's list of the processes with a context on device slot s: fills pids
  * (host PIDs) and mem (bytes each uses), up to cap. Returns how many it
- * listed, cap + 1 when there were more, -1 if NVML cannot say. */
+ * listed; cap + 1 when there were more than 64 or than cap (then what was
+ * filled, if anything, is not the whole list: NVML may have filled nothing);
+ * -1 if NVML cannot say. */
 int vc_sample_running(int s, unsigned *pids, unsigned long long *mem, int cap)
 {
     nvmlDevice_t h = vc.nvml[s];
@@ -332,6 +334,15 @@ int vc_sample_gpm(int s, uint64_t now, uint64_t *inst)
     return 0;
 }
 
+/* The card's or instance's figure split into the container's own (est, at
+ * most the figure) and the others' (the rest). Returns 0 (values set). */
+static int split(uint64_t card, double est, uint64_t *own, uint64_t *other)
+{
+    *own = est < (double)card ? (uint64_t)est : card;
+    *other = card - *own;
+    return 0;
+}
+
 /* GPM mode with processes of other containers in the instance. With a learnt
  * share (what one cost unit per second takes of the instance, learnt alone or
  * by a probe, see probe_end() in vc_probe.c), the container's own use is its launch
@@ -355,22 +366,17 @@ static int gpm_shared(int s, struct vc_throttle *t, uint64_t now, uint64_t card,
     if (unit <= 0) {
         vc_probe_start(t, now, card, spent_rate);
         if (at && now - at < OTHERS_KEEP_NS) {
-            *own = card > idle ? card - idle : 0;
-            /* Never less than the last probe's guess of its share per unit
-             * times what it spends: a neighbour's pause (the instance's figure
-             * drops) must not make it climb, or that neighbour's probe finds
-             * it moving, and a neighbour that yields must not let it run away. */
+            /* The rest of the figure is its own, but never less than the last
+             * probe's guess of its share per unit times what it spends: a
+             * neighbour's pause (the instance's figure drops) must not make it
+             * climb, or that neighbour's probe finds it moving, and a
+             * neighbour that yields must not let it run away. */
             double guess = (double)atomic_load(&t->guess_x1e12) / 1e12 * spent_rate * 1000.0;
-            if (guess > (double)*own)
-                *own = guess < (double)card ? (uint64_t)guess : card;
-            *other = card - *own;
-            return 0;
+            double mine = card > idle ? (double)(card - idle) : 0.0;
+            return split(card, guess > mine ? guess : mine, own, other);
         }
     }
-    double est = unit > 0 && spent_rate > 0 ? unit * spent_rate * 1000.0 : (double)card;
-    *own = est < (double)card ? (uint64_t)est : card;
-    *other = card - *own;
-    return 0;
+    return split(card, unit > 0 && spent_rate > 0 ? unit * spent_rate * 1000.0 : (double)card, own, other);
 }
 
 /* Device and GPM modes: the card's (device mode) or the MIG instance's (GPM
@@ -402,10 +408,7 @@ int vc_sample_device(int s, struct vc_throttle *t, uint64_t now, double spent_ra
     }
     if (atomic_load(&t->mode) == VC_MEASURE_GPM)
         return gpm_shared(s, t, now, card, spent_rate, own, other);
-    double est = unit > 0 && spent_rate > 0 ? unit * spent_rate * 1000.0 : (double)card;
-    *own = est < (double)card ? (uint64_t)est : card;
-    *other = card - *own;
-    return 0;
+    return split(card, unit > 0 && spent_rate > 0 ? unit * spent_rate * 1000.0 : (double)card, own, other);
 }
 
 uint64_t vc_sample_gpm_window(int s)

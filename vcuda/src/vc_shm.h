@@ -57,7 +57,8 @@ struct vc_throttle {
     _Atomic int64_t ctrl_tokens;          /* `tokens` at the last controller step */
     /* GPM mode, a MIG instance shared with other containers: what the others
      * use there, measured while the container's launches are held (a probe). */
-    _Atomic uint32_t probe;               /* 0 none, 1 launches held (draining), 2 baseline taken, 3 one figure */
+    _Atomic uint32_t probe;               /* 0 none, 1 launches held (draining), 2 baseline taken, 3 one figure,
+                                             VC_PROBE_ENDING its end being written */
     _Atomic uint64_t probe_ns;            /* when the probe began */
     _Atomic uint64_t others_idle;         /* the others' use, x1000: the instance's figure while the container
                                              launched nothing, from the last probe that found it steady */
@@ -71,6 +72,9 @@ struct vc_throttle {
     _Atomic uint32_t settled;             /* controller steps in a row that moved the rate by under 12 % */
     _Atomic uint32_t probe_fails;         /* probes in a row that taught nothing (their retry backs off) */
 };
+
+#define VC_PROBE_ENDING 4u          /* vc_throttle.probe while a probe's end is written (probe_ns: since when) */
+#define VC_PROBE_HOLD (INT64_MIN / 4) /* vc_throttle.tokens while a probe holds the container's launches */
 
 struct vc_shm {
     uint32_t magic;

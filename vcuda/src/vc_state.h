@@ -38,7 +38,7 @@ struct vc_state {
 };
 
 extern struct vc_state vc;
-/* Bumped by every reservation change of this process (see vc_throttle.c's overhead()). */
+/* Bumped by every reservation change of this process (see vc_throttle_overhead() in vc_throttle.c). */
 extern _Atomic uint64_t vc_mem_gen;
 
 int vc_enter_slow(void);

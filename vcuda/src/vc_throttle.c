@@ -83,8 +83,9 @@ static struct vc_throttle *attach(int slot, struct vc_shm *shm)
      * what it learned belongs to a workload that is gone: start cold, from
      * the next launch's cost, instead of letting a new workload burst at an
      * old rate. */
-    uint64_t now = now_ns(), last = atomic_load(&t->ctrl_ns);
-    if ((last == 0 || now - last > STALE_NS) && atomic_compare_exchange_strong(&t->ctrl_ns, &last, now)) {
+    uint64_t now = now_ns(), last = atomic_load(&t->ctrl_ns); /* last > now: a step since the clock was read */
+    if ((last == 0 || (now > last && now - last > STALE_NS)) &&
+        atomic_compare_exchange_strong(&t->ctrl_ns, &last, now)) {
         cold_reset(t);
         atomic_store(&t->none_local, 0);
         atomic_store(&t->mode, VC_MEASURE_PROCESS);
@@ -268,7 +269,9 @@ void vc_throttle_control(int s, struct vc_throttle *t, uint64_t now)
     int eager = mode == VC_MEASURE_PROCESS &&
                 (atomic_load(&t->ramping) || (atomic_load(&t->last_seen_ts) == 0 && atomic_load(&t->throttled)));
     uint64_t gap = eager ? RAMP_PERIOD_NS : (mode == VC_MEASURE_GPM ? GPM_STEP_NS : CTRL_PERIOD_NS - CTRL_PERIOD_NS / 10);
-    if (last && now - last < gap)
+    /* now < last: another process stepped after this one read the clock (its
+     * step is newer; now - last would wrap and look long overdue). */
+    if (last && (now < last || now - last < gap))
         return;
     if (!atomic_compare_exchange_strong(&t->ctrl_ns, &last, now))
         return; /* another process of the container steps this device */
@@ -419,9 +422,9 @@ void vc_throttle_overhead(int s)
     unsigned listed[64];
     unsigned long long mem[64];
     int n = vc_sample_running(s, listed, mem, 64);
-    if (n < 0 || atomic_load(&vc_mem_gen) != gen)
-        return;
-    for (int i = 0; i < n && i < 64; i++) {
+    if (n < 0 || n > 64 || atomic_load(&vc_mem_gen) != gen)
+        return; /* more than 64 processes on the device: none of them listed, this one's use unknown */
+    for (int i = 0; i < n; i++) {
         if ((int)listed[i] == vc.host_pid) {
             uint64_t now = mem[i] > own_counted ? mem[i] - own_counted : 0;
             uint64_t confirmed = now < last_overhead[s] ? now : last_overhead[s];

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import time
 
-from harness import Container, Fixture, GiB, MiB, Node, finish_load, first_line, status_of
+from harness import Container, Fixture, GiB, MiB, Node, finish_load, first_line, status_of, stop
 from registry import case
 
 S = 1_000_000_000
@@ -124,6 +124,35 @@ def hopper_probe_stopped(fx: Fixture) -> None:
     fx.figure(f"x's process without NVML while the prober is stopped (2.5-4 s after SIGSTOP): {util:5.1f}%")
     # Before: held until the stopped process came back (0.0%). A probe older than 2 s is ended by whoever waits.
     assert util >= 2, f"the container's other process ran {util:.1f}% of the instance while its prober was stopped"
+
+
+@case("mig: a probe's end left half-written in the shared state (its process died mid-way) does not hold the "
+      "launches for good", slow=True)
+def hopper_probe_end_left(fx: Fixture) -> None:
+    node = _mig_node(fx, H100, MIG_H, "hopper", "NVIDIA H100 80GB HBM3 MIG 1g.10gb")
+    c = fx.container()
+    c.write_limits([(MIG_H, 0)], core=30, hard=1)
+    p, pid = _load(c, node, 8.0)
+    util = -1.0
+    try:
+        time.sleep(1.5)  # the limiter steps by the instance's GPM figure
+        shm = sorted(c.shm.glob("vcuda-*.shm"))
+        assert len(shm) == 1, shm
+        # what a process that died between two stores of a probe's end leaves: the phase says "ending", the
+        # container's launches are held
+        out = subprocess.run([str(fx.build / "vcshmset"), str(shm[0]), "0", "ending"], capture_output=True,
+                             text=True, timeout=10).stdout
+        assert out.startswith("OK"), out
+        left = time.monotonic_ns()
+        time.sleep(4.5)
+        util = node.busy(0, left + int(2.5 * S), left + int(4.5 * S), [pid])
+    finally:
+        if util < 10:
+            stop(p)  # held for good, it would never end
+    fx.figure(f"hard 30%, 2.5-4.5 s after a probe's end was left half-written: {util:5.1f}%")
+    # Before: held for good (0.0%, the load never ended). An end begun 2 s ago and never finished is let go.
+    assert util >= 10, f"the container ran {util:.1f}% of the instance after a probe's end was left half-written"
+    finish_load(p)
 
 
 @case("mig: a MIG instance on an Ampere card says its compute limit is not enforced; memory is still limited",
