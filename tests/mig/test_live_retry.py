@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,22 +68,9 @@ def backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Countin
 
 async def test_a_refused_layout_is_tried_again_when_a_holder_goes_not_at_every_read(backend: CountingBackend,
                                                                                     tmp_path: Path):
-    state = NodeState("node-a", INV, CheckpointStore(tmp_path / "ckpt"))
-    asked = {lay.LABEL: "all-1g.10gb"}
-
-    async def labels() -> dict[str, str]:
-        return dict(asked)
-
-    rt = await mig_agent.start(state, backend, mig_agent.MigSettings(), labels)
-    assert rt is not None and rt.report.refused == [] and len(state.ledger.slots) == 14
-    changes: list[lay.Report] = []
-
-    async def on_change(report: lay.Report) -> None:
-        changes.append(report)
-
-    watcher = live.LiveLayout(rt, state, labels, on_change)
-    slot = next(s.name for s in state.ledger.slots.values() if s.card == 0)
-    await state.commit(lambda led: led.assign(Allocation(key=SHARE, cards=(0,), cores=50, memory_mib=1024, mig=slot)))
+    held = await _card_0_held(backend, tmp_path)
+    state, rt, asked, watcher, changes = held.state, held.rt, held.asked, held.watcher, held.changes
+    assert rt.report.refused == [] and len(state.ledger.slots) == 14
 
     asked[lay.LABEL] = "all-3g.40gb"
     assert await watcher.check() is True  # card 1 re-made, card 0 refused (held)
@@ -123,17 +111,8 @@ async def test_a_refusal_nothing_in_the_ledger_explains_is_tried_again_after_ret
 
 async def test_a_holder_that_goes_while_a_layout_is_tried_is_seen_at_the_next_read(backend: CountingBackend,
                                                                                   tmp_path: Path):
-    state = NodeState("node-a", INV, CheckpointStore(tmp_path / "ckpt"))
-    asked = {lay.LABEL: "all-1g.10gb"}
-
-    async def labels() -> dict[str, str]:
-        return dict(asked)
-
-    rt = await mig_agent.start(state, backend, mig_agent.MigSettings(), labels)
-    assert rt is not None
-    watcher = live.LiveLayout(rt, state, labels, lambda report: _nothing())
-    slot = next(s.name for s in state.ledger.slots.values() if s.card == 0)
-    await state.commit(lambda led: led.assign(Allocation(key=SHARE, cards=(0,), cores=50, memory_mib=1024, mig=slot)))
+    held = await _card_0_held(backend, tmp_path)
+    state, rt, asked, watcher = held.state, held.rt, held.asked, held.watcher
     loop = asyncio.get_running_loop()
     # card 0 is refused (held); while card 1 is re-made (NVML, on the try's thread), card 0's holder goes
     backend.on_create = lambda: asyncio.run_coroutine_threadsafe(
@@ -147,3 +126,32 @@ async def test_a_holder_that_goes_while_a_layout_is_tried_is_seen_at_the_next_re
 
 async def _nothing() -> None:
     return None
+
+
+@dataclass
+class Held:
+    state: NodeState
+    rt: Any
+    asked: dict[str, str]
+    watcher: live.LiveLayout
+    changes: list[lay.Report]
+
+
+async def _card_0_held(backend: CountingBackend, tmp_path: Path) -> Held:
+    """An agent started with all-1g.10gb on two H100s, watching the layout label (`asked`), one share on card 0."""
+    state = NodeState("node-a", INV, CheckpointStore(tmp_path / "ckpt"))
+    asked = {lay.LABEL: "all-1g.10gb"}
+    changes: list[lay.Report] = []
+
+    async def labels() -> dict[str, str]:
+        return dict(asked)
+
+    async def on_change(report: lay.Report) -> None:
+        changes.append(report)
+
+    rt = await mig_agent.start(state, backend, mig_agent.MigSettings(), labels)
+    assert rt is not None
+    watcher = live.LiveLayout(rt, state, labels, on_change)
+    slot = next(s.name for s in state.ledger.slots.values() if s.card == 0)
+    await state.commit(lambda led: led.assign(Allocation(key=SHARE, cards=(0,), cores=50, memory_mib=1024, mig=slot)))
+    return Held(state, rt, asked, watcher, changes)
