@@ -364,6 +364,10 @@ static int gpm_shared(int s, struct vc_throttle *t, uint64_t now, uint64_t card,
     if (at && gpm[s].window_ns < at)
         return 1; /* the figure's window reaches back into the probe (the container's pause): no step */
     if (unit <= 0) {
+        vc_probe_check(t, now, card, spent_rate);
+        unit = (double)atomic_load(&t->unit_x1e12) / 1e12;
+    }
+    if (unit <= 0) {
         vc_probe_start(t, now, card, spent_rate);
         if (at && now - at < OTHERS_KEEP_NS) {
             /* The rest of the figure is its own, but never less than the last
@@ -373,7 +377,18 @@ static int gpm_shared(int s, struct vc_throttle *t, uint64_t now, uint64_t card,
              * neighbour that yields must not let it run away. */
             double guess = (double)atomic_load(&t->guess_x1e12) / 1e12 * spent_rate * 1000.0;
             double mine = card > idle ? (double)(card - idle) : 0.0;
-            return split(card, guess > mine ? guess : mine, own, other);
+            /* Its own use follows what it spends: the estimate falls by at
+             * most a tenth a step beyond what its spending explains (a
+             * neighbour's pause, or one that yields, is not its own use
+             * falling), so it drifts to a lower figure over a second rather
+             * than climbing at once on a neighbour's pause. */
+            uint64_t prev = atomic_load(&t->est_own), prev_rate = atomic_load(&t->est_rate);
+            double cont = prev_rate ? (double)prev * spent_rate / (double)prev_rate * 0.9 : 0.0;
+            double est = guess > mine ? guess : mine;
+            est = cont > est ? cont : est;
+            atomic_store(&t->est_own, est < (double)card ? (uint64_t)est : card);
+            atomic_store(&t->est_rate, spent_rate > 0 && spent_rate < 1e18 ? (uint64_t)spent_rate : 0);
+            return split(card, est, own, other);
         }
     }
     return split(card, unit > 0 && spent_rate > 0 ? unit * spent_rate * 1000.0 : (double)card, own, other);

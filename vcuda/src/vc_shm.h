@@ -15,7 +15,7 @@
 #include "vc_common.h"
 
 #define VC_SHM_MAGIC 0x44554356u /* "VCUD" */
-#define VC_SHM_VERSION 5u
+#define VC_SHM_VERSION 6u
 #define VC_MAX_SLOTS 256
 
 struct vc_slot {
@@ -71,6 +71,13 @@ struct vc_throttle {
     _Atomic uint64_t guess_x1e12;         /* the share per cost unit the last probe suggests (not settled), x1e12 */
     _Atomic uint32_t settled;             /* controller steps in a row that moved the rate by under 12 % */
     _Atomic uint32_t probe_fails;         /* probes in a row that taught nothing (their retry backs off) */
+    _Atomic uint64_t pending_x1e12;       /* a share per cost unit a probe found, not yet checked after it, x1e12 */
+    _Atomic uint64_t pending_others;      /* the others' figure that probe found, x1000 */
+    _Atomic uint32_t pending_steps;       /* figures after the probe seen while that share waits for its check */
+    _Atomic uint64_t card_last;           /* the instance's last figure, x1000 (share unknown) */
+    _Atomic uint32_t card_steady;         /* its figures in a row within 6 points of the one before */
+    _Atomic uint64_t est_own;             /* the own use last estimated from the others' figure, x1000 */
+    _Atomic uint64_t est_rate;            /* ... and what the container spent then (0: no such estimate) */
 };
 
 #define VC_PROBE_ENDING 4u          /* vc_throttle.probe while a probe's end is written (probe_ns: since when) */

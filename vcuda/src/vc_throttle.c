@@ -73,6 +73,7 @@ static void cold_reset(struct vc_throttle *t)
     atomic_store(&t->probe_fails, 0);
     atomic_store(&t->settled, 0);
     atomic_store(&t->guess_x1e12, 0);
+    atomic_store(&t->pending_x1e12, 0);
 }
 
 static struct vc_throttle *attach(int slot, struct vc_shm *shm)

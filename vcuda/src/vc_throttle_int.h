@@ -46,6 +46,7 @@ void vc_sample_after_fork(void);
 void vc_probe_start(struct vc_throttle *t, uint64_t now, uint64_t card, double spent_rate);
 int vc_probe_step(int s, struct vc_throttle *t, uint64_t now);
 void vc_probe_abandon(struct vc_throttle *t, uint64_t now);
+void vc_probe_check(struct vc_throttle *t, uint64_t now, uint64_t card, double spent_rate);
 
 /* vc_watcher.c: the watcher thread. */
 void vc_watcher_after_fork(void);
