@@ -341,6 +341,11 @@ class ClusterView:
             for r, n in asks.items():
                 used[r] = used.get(r, 0) + n
 
+    def mig_in_use(self) -> dict[str, dict[str, int]]:
+        """The `<prefix>mig-<profile>` instances bound pods hold, per node and resource (a copy): a node or resource
+        nobody holds has no entry."""
+        return {node: dict(used) for node, used in self._mig_used.items()}
+
     def mig_reasons(self, asks: Mapping[str, int], uid: str, names: list[str]) -> list[str]:
         """Per node name, "" when it has the MIG instances `asks` wants free, else why not. Pod `uid`'s own
         holding (a pod scheduled again) does not count against it."""

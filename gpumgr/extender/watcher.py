@@ -25,9 +25,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpumgr.extender.kubeaccess import ApiCallError, KubeAccess
-from gpumgr.kube import pace
 from gpumgr.kube.pace import MAX_EVENT_BYTES, QUICK_WATCH_S, Backoff, BookmarkPace, LineSplitter, page_count_cap
-from gpumgr.serving import jsonbound
+from gpumgr.kube.watch_event import parse_event
 
 log = logging.getLogger(__name__)
 
@@ -264,13 +263,9 @@ def event_lines(resp: Any) -> Iterator[bytes]:
 
 def _event(line: bytes) -> dict[str, Any]:
     try:
-        event = jsonbound.loads(line, max_elements=pace.MAX_EVENT_ELEMENTS, max_depth=jsonbound.API_OBJECT_DEPTH,
-                                what="a watch event")
+        return parse_event(line)
     except ValueError as e:
         raise ApiCallError(0, str(e)) from None
-    if not isinstance(event, dict) or not isinstance(event.get("object") or {}, dict):
-        raise ApiCallError(0, "a watch event that is not an object with an object")
-    return event
 
 
 def cut_stream(resp: Any) -> None:

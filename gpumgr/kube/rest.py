@@ -23,7 +23,8 @@ from typing import Any
 import aiohttp
 
 from gpumgr.kube.kubeconfig import ClusterAccess
-from gpumgr.kube.pace import ELEMENT_BYTES, MAX_EVENT_BYTES, MAX_EVENT_ELEMENTS, MAX_PAGE_ELEMENTS, LineSplitter
+from gpumgr.kube.pace import ELEMENT_BYTES, MAX_EVENT_BYTES, MAX_PAGE_ELEMENTS, LineSplitter
+from gpumgr.kube.watch_event import parse_event
 from gpumgr.serving import jsonbound
 
 log = logging.getLogger("gpumgr.kube")
@@ -240,13 +241,9 @@ async def _read_capped(resp: aiohttp.ClientResponse, cap: int, method: str, path
 
 def _event(line: bytes) -> dict[str, Any]:
     try:
-        ev = jsonbound.loads(line, max_elements=MAX_EVENT_ELEMENTS, max_depth=jsonbound.API_OBJECT_DEPTH,
-                             what="a watch event")
-    except ValueError:
-        raise ApiError(200, "BadResponse", f"a watch event is not JSON within bounds: {line[:80]!r}") from None
-    if not isinstance(ev, dict) or not isinstance(ev.get("object"), dict):
-        raise ApiError(200, "BadResponse", f"a watch event without an object: {line[:80]!r}")
-    return ev
+        return parse_event(line)
+    except ValueError as e:
+        raise ApiError(200, "BadResponse", str(e)) from None
 
 
 def _error(status: int, reason: str | None, raw: bytes) -> ApiError:

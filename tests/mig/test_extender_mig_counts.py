@@ -1,4 +1,4 @@
-"""The extender's count of the MIG instances bound pods hold per node (ClusterView's `_mig_used`): a node and
+"""The extender's count of the MIG instances bound pods hold per node (`ClusterView.mig_in_use()`): a node and
 resource whose pods are all gone leave no entry behind, so the count does not grow with every node and profile
 ever used (the filter's verdicts, tests/extender/test_mig_*, read the same counts)."""
 
@@ -22,15 +22,15 @@ def test_counts_of_pods_that_are_gone_leave_no_entry():
     for i in range(50):  # pods come and go over many nodes
         view.set_pod(pod(f"a{i}", f"node-{i}", {ONE: 2}))
         view.set_pod(pod(f"b{i}", f"node-{i}", {ONE: 1, THREE: 1}))
-    assert view._mig_used["node-7"] == {ONE: 3, THREE: 1}
+    assert view.mig_in_use()["node-7"] == {ONE: 3, THREE: 1}
     for i in range(50):
         view.remove_pod(pod(f"a{i}", f"node-{i}", {}))
         view.set_pod(pod(f"b{i}", f"node-{i}", {ONE: 1, THREE: 1}, phase="Succeeded"))  # finished: holds nothing
-    assert view._mig_used == {}  # before: 50 nodes of {ONE: 0, THREE: 0}
+    assert view.mig_in_use() == {}  # before: 50 nodes of {ONE: 0, THREE: 0}
 
     view.set_pod(pod("c", "node-1", {THREE: 1}))
     view.set_pod(pod("d", "node-1", {ONE: 1}))
     view.remove_pod(pod("d", "node-1", {}))
-    assert view._mig_used == {"node-1": {THREE: 1}}
+    assert view.mig_in_use() == {"node-1": {THREE: 1}}
     view.replace_pods([])  # a re-list with none of them
-    assert view._mig_used == {}
+    assert view.mig_in_use() == {}
