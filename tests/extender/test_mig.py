@@ -144,9 +144,12 @@ async def test_a_claim_on_a_mig_device_counts_against_its_card(api: KubeApiServe
     assert "100 cores" in failed["n"] or "whole" in failed["n"], failed
 
     four = s.create_pod(mig_pod("four", {FOUR: 1}))
-    _passed, failed = await filtered(ext, four, ["n"])
-    assert "card 0: no free 4g.40gb placement (placements 0 overlap 3g.40gb at memory slices 0-3)" in failed["n"], \
-        failed
+    overlap = "card 0: no free 4g.40gb placement (placements 0 overlap 3g.40gb at memory slices 0-3)"
+
+    async def c0_counted() -> bool:  # c0 reaches the claim watch after c1 (whose effect the wait above saw)
+        return overlap in (await filtered(ext, four, ["n"]))[1].get("n", "")
+
+    assert await eventually(c0_counted), (await filtered(ext, four, ["n"]))[1]
 
     s.delete_object("resourceclaims", "c1", "team")  # card 1 is free again for whole-card pods
     assert await eventually(lambda: _passes(ext, whole, ["n"]))
