@@ -328,7 +328,6 @@ def mig_results_of(claim: Mapping[str, Any], driver: str, pool: str) -> list[Mig
     return out
 
 
-
 def _share_id(label: str, r: Mapping[str, Any]) -> str:
     try:
         return share_id(r)
