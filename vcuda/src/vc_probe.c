@@ -96,7 +96,7 @@ void vc_probe_start(struct vc_throttle *t, uint64_t now, uint64_t card, double s
  * Learnt only from a rest well above the figures' noise (a few points) and
  * at least half the container's share (a rate still climbing runs ahead of
  * GPM's figure; a share learnt from 3 % of the instance once held a 30 %
- * container at 9 %). fig is the later of the pause's two figures. Taken 10 % high, up at once, down slowly: a share
+ * container at 9 %). fig is the later of the pause's two figures. Taken 10 % high (and learnt once: probes stop then): a share
  * learnt too large holds the container a little below its limit, one learnt
  * too small would let it above. */
 static void probe_learn(struct vc_throttle *t, uint64_t fig)
@@ -164,9 +164,7 @@ void vc_probe_check(struct vc_throttle *t, uint64_t now, uint64_t card, double s
         retry_later(t, now);
         return;
     }
-    double unit = (double)atomic_load(&t->unit_x1e12) / 1e12;
-    unit = unit <= 0 || k > unit ? k : unit * 0.9 + k * 0.1;
-    atomic_store(&t->unit_x1e12, (uint64_t)(unit * 1e12));
+    atomic_store(&t->unit_x1e12, k12); /* called only while the share is unknown (gpm_shared()): nothing to blend */
     VC_DEBUG("the MIG instance's figure after the probe is %.1f%% (%.1f%% expected): the share is learnt",
              card / 10.0, expect / 10.0);
 }
